@@ -1,0 +1,43 @@
+# Two commands matter: `make demo` (the local demo) and `make test` (everything CI runs).
+# Both set up what they need: a virtual environment in .venv and the test control
+# plane binaries (kube-apiserver, etcd, helm), built once into ~/.cache.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+TOOLCHAIN := devenv/toolchain/build.sh
+
+.PHONY: test check lint unit toolchain demo bench clean
+
+$(INSTALLED): pyproject.toml
+	@echo "==> creating the virtual environment in $(VENV)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+toolchain:
+	@bash $(TOOLCHAIN) >/dev/null
+
+lint: $(INSTALLED)
+	@echo "==> ruff check, ruff format --check, mypy"
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: $(INSTALLED) toolchain lint
+	@echo "==> pytest"
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: $(INSTALLED)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+demo: $(INSTALLED) toolchain
+	$(PY) -m devenv.demo $(DEMO_ARGS)
+
+bench: $(INSTALLED) toolchain
+	$(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

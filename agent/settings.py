@@ -1,0 +1,138 @@
+"""The agent's one settings object, read from environment variables prefixed `AGENT_`.
+
+Always holds: every duration is in seconds and positive; the broker URL is an absolute
+http(s) URL without a trailing slash; `mtls` identity comes with a certificate and a key.
+Settings are passed down explicitly, never read from globals.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Self
+
+from pydantic import AnyHttpUrl, Field, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from agent.retry import RetryPolicy
+
+DEFAULT_SA_TOKEN_FILE = Path("/var/run/secrets/compass-agent/token")
+
+
+class IdentityMode(StrEnum):
+    SERVICEACCOUNT = "serviceaccount"
+    MTLS = "mtls"
+
+
+class ModuleSignal(StrEnum):
+    """What counts as 'the application-connector module is enabled'."""
+
+    KYMA_SPEC = "kyma-spec"  # `application-connector` in the Kyma CR's spec.modules
+    APPLICATIONCONNECTOR_CR = "applicationconnector-cr"  # an ApplicationConnector CR exists
+
+
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGENT_", extra="ignore", frozen=True)
+
+    # --- the broker -----------------------------------------------------------------
+    broker_url: AnyHttpUrl = Field(description="Base URL of the control-plane token broker.")
+    broker_ca_bundle: Path | None = Field(
+        default=None, description="CA bundle to verify the broker with; system CAs when unset."
+    )
+    broker_timeout: Seconds = Field(default=30.0, description="Timeout of one broker request.")
+
+    # --- identity -------------------------------------------------------------------
+    identity_mode: IdentityMode = IdentityMode.SERVICEACCOUNT
+    audience: str = Field(
+        default="kyma-compass-broker", description="Audience of the ServiceAccount token."
+    )
+    sa_token_file: Path = Field(
+        default=DEFAULT_SA_TOKEN_FILE,
+        description="Projected ServiceAccount token; re-read for every request.",
+    )
+    service_account: str = Field(
+        default="compass-agent",
+        description="Own ServiceAccount, for TokenRequest when the token file is absent.",
+    )
+    token_request_seconds: int = Field(default=600, ge=600)
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
+
+    # --- the runtime ----------------------------------------------------------------
+    namespace: str = "kyma-system"
+    kyma_name: str = "default"
+    runtime_id: str | None = Field(
+        default=None,
+        description="Runtime ID when the Kyma CR has no kyma-project.io/runtime-id label (BYOC).",
+    )
+    module_signals: Annotated[list[ModuleSignal], NoDecode] = Field(
+        default_factory=lambda: [ModuleSignal.KYMA_SPEC, ModuleSignal.APPLICATIONCONNECTOR_CR]
+    )
+    secret_name: str = "compass-agent-configuration"
+    delete_secret_on_disable: bool = True
+    kubeconfig: Path | None = Field(
+        default=None, description="Kubeconfig outside a pod; in-cluster config when unset."
+    )
+
+    # --- timing ---------------------------------------------------------------------
+    handover_grace: Seconds = Field(
+        default=300.0,
+        description="A token younger than this is not replaced while the connection fails.",
+    )
+    connection_grace: Seconds = Field(
+        default=600.0,
+        description="How long a written token may wait for a CompassConnection to appear.",
+    )
+    refusal_cadence: Seconds = Field(
+        default=600.0, description="After 401/403/404/409, ask again only this often."
+    )
+    resync_period: Seconds = Field(
+        default=600.0, description="Re-read everything this often even without watch events."
+    )
+    backoff_base: Seconds = 1.0
+    backoff_factor: float = Field(default=2.0, ge=1.0)
+    backoff_cap: Seconds = 300.0
+
+    # --- process --------------------------------------------------------------------
+    health_address: str = "0.0.0.0:8080"  # noqa: S104 - probes and scrapes come from the kubelet/Prometheus
+    lease_enabled: bool = True
+    lease_name: str = "compass-agent"
+    lease_duration: Seconds = 15.0
+    lease_renew: Seconds = 5.0
+    identity: str | None = Field(
+        default=None, description="Lease holder identity; the pod name (HOSTNAME) when unset."
+    )
+    log_level: str = "INFO"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_signals(cls, data: object) -> object:
+        # A comma-separated environment value reads better than JSON for a list of words.
+        if isinstance(data, dict):
+            raw = data.get("module_signals")
+            if isinstance(raw, str):
+                data = {**data, "module_signals": [s.strip() for s in raw.split(",") if s.strip()]}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.identity_mode is IdentityMode.MTLS and not (
+            self.client_cert_file and self.client_key_file
+        ):
+            raise ValueError("identity_mode=mtls needs client_cert_file and client_key_file")
+        if not self.module_signals:
+            raise ValueError("module_signals must name at least one signal")
+        if self.lease_renew >= self.lease_duration:
+            raise ValueError("lease_renew must be shorter than lease_duration")
+        return self
+
+    @property
+    def broker_base(self) -> str:
+        return str(self.broker_url).rstrip("/")
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(base=self.backoff_base, factor=self.backoff_factor, cap=self.backoff_cap)

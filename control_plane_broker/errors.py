@@ -1,0 +1,153 @@
+"""The broker's one error tree. Every error the request path can end in is one of these.
+
+    BrokerError
+    ├── TemporaryError              (retry_after: seconds or None; the caller may try again)
+    │   ├── CompassUnavailable      503  Director/OAuth failing, breaker open, or limit reached
+    │   ├── RegistrationBusy        503  another replica holds the registration claim
+    │   ├── NotReady                503  the Kyma cache has not synced yet
+    │   ├── ControlPlaneUnavailable 503  the KCP API server could not be reached
+    │   └── RateLimited             429  too many token issues for one runtime
+    └── PermanentError              (the same request will fail the same way)
+        ├── MalformedRequest        400  runtime ID or headers fail validation
+        ├── IdentityNotProven       401  no proof, or the proof does not hold for this runtime
+        ├── IdentityForbidden       403  proven, but another runtime or a ServiceAccount not allowed
+        ├── RuntimeNotFound         404  no Kyma for this runtime ID
+        ├── ModuleNotEnabled        409  the application-connector module is off
+        ├── KymaDeleting            409  the Kyma has a deletion timestamp
+        ├── KymaIncomplete          409  the Kyma lacks the labels registration needs
+        └── CompassRejected         502  Director refused the request for good
+
+Adapters translate library errors into these once (`raise ... from exc`); the HTTP layer maps
+each class to exactly one status and problem type (`api.problems`). Messages never carry tokens.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class BrokerError(Exception):
+    """Root of the tree. `slug` names the problem type; `status` the HTTP status."""
+
+    slug: ClassVar[str] = "internal-error"
+    status: ClassVar[int] = 500
+    title: ClassVar[str] = "Internal error"
+
+
+class TemporaryError(BrokerError):
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentError(BrokerError):
+    pass
+
+
+class CompassUnavailable(TemporaryError):
+    slug = "compass-unavailable"
+    status = 503
+    title = "Compass is unavailable"
+
+
+class RegistrationBusy(TemporaryError):
+    slug = "registration-in-progress"
+    status = 503
+    title = "Registration of this runtime is in progress elsewhere"
+
+
+class NotReady(TemporaryError):
+    slug = "not-ready"
+    status = 503
+    title = "The broker is not ready"
+
+
+class ControlPlaneUnavailable(TemporaryError):
+    slug = "control-plane-unavailable"
+    status = 503
+    title = "The control plane API server is unavailable"
+
+
+class RateLimited(TemporaryError):
+    slug = "rate-limited"
+    status = 429
+    title = "Too many token requests for this runtime"
+
+
+class MalformedRequest(PermanentError):
+    slug = "malformed-request"
+    status = 400
+    title = "Malformed request"
+
+
+class IdentityNotProven(PermanentError):
+    """`reason` is a short, fixed metric label such as `token-invalid`."""
+
+    slug = "identity-not-proven"
+    status = 401
+    title = "Cluster identity not proven"
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class IdentityForbidden(PermanentError):
+    slug = "identity-forbidden"
+    status = 403
+    title = "Identity not allowed for this runtime"
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class RuntimeNotFound(PermanentError):
+    slug = "runtime-not-found"
+    status = 404
+    title = "No Kyma for this runtime"
+
+
+class ModuleNotEnabled(PermanentError):
+    slug = "module-not-enabled"
+    status = 409
+    title = "The application-connector module is not enabled"
+
+
+class KymaDeleting(PermanentError):
+    slug = "kyma-deleting"
+    status = 409
+    title = "The Kyma is being deleted"
+
+
+class KymaIncomplete(PermanentError):
+    slug = "kyma-incomplete"
+    status = 409
+    title = "The Kyma lacks data needed for registration"
+
+
+class CompassRejected(PermanentError):
+    slug = "compass-rejected"
+    status = 502
+    title = "Compass rejected the request"
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+ALL_ERRORS: tuple[type[BrokerError], ...] = (
+    CompassUnavailable,
+    RegistrationBusy,
+    NotReady,
+    ControlPlaneUnavailable,
+    RateLimited,
+    MalformedRequest,
+    IdentityNotProven,
+    IdentityForbidden,
+    RuntimeNotFound,
+    ModuleNotEnabled,
+    KymaDeleting,
+    KymaIncomplete,
+    CompassRejected,
+)

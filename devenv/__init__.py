@@ -1,0 +1,1 @@
+"""The development environment: test control planes, the Compass simulator, the demo."""

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Prints the folder that holds kube-apiserver, etcd and helm, building them
+# first when needed. Progress goes to stderr; stdout is only the folder.
+#
+#   KUBEBUILDER_ASSETS=<dir>  use the binaries there instead (envtest convention)
+#   XDG_CACHE_HOME            where the build cache lives (default ~/.cache)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+binaries=(kube-apiserver etcd helm)
+
+say() { echo "toolchain: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
+  for b in "${binaries[@]}"; do
+    [[ -x "$KUBEBUILDER_ASSETS/$b" ]] || die "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has no executable '$b'"
+  done
+  echo "$KUBEBUILDER_ASSETS"
+  exit 0
+fi
+
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/kyma-compass-pull"
+bindir="$cache/bin/k8s-v$KUBERNETES_VERSION-etcd-v$ETCD_VERSION-helm-v$HELM_VERSION"
+
+missing=()
+for b in "${binaries[@]}"; do [[ -x "$bindir/$b" ]] || missing+=("$b"); done
+if (( ${#missing[@]} == 0 )); then echo "$bindir"; exit 0; fi
+
+command -v go >/dev/null || die "the Go toolchain (>= 1.26) is needed to build ${missing[*]}: install it (apt-get install golang-go, or go.dev/dl), or set KUBEBUILDER_ASSETS to a folder holding kube-apiserver, etcd and helm"
+
+require_pinned() {
+  local gomod="$here/$1/go.mod" want="$2"
+  grep -q "$want" "$gomod" || die "$gomod does not pin $want: run devenv/toolchain/pin.sh after changing versions.env"
+}
+require_pinned kube-apiserver "k8s.io/kubernetes v$KUBERNETES_VERSION"
+require_pinned etcd "go.etcd.io/etcd/server/v3 v$ETCD_VERSION"
+
+mkdir -p "$bindir"
+export GOFLAGS="-mod=readonly -buildvcs=false -trimpath"
+
+build_one() {
+  local name="$1" ldflags="$2" start=$SECONDS
+  say "building $name (several minutes the first time; Go's cache makes later builds fast) ..."
+  (cd "$here/$name" && go build -ldflags "$ldflags" -o "$bindir/$name.partial" .)
+  mv "$bindir/$name.partial" "$bindir/$name"
+  say "built $name in $((SECONDS - start))s"
+}
+
+for b in "${missing[@]}"; do
+  case "$b" in
+    kube-apiserver)
+      v="v$KUBERNETES_VERSION"; major="${KUBERNETES_VERSION%%.*}"; minor="${KUBERNETES_VERSION#*.}"; minor="${minor%%.*}"
+      build_one kube-apiserver "-s -w \
+        -X k8s.io/component-base/version.gitVersion=$v \
+        -X k8s.io/component-base/version.gitMajor=$major \
+        -X k8s.io/component-base/version.gitMinor=$minor \
+        -X k8s.io/component-base/version.gitTreeState=clean \
+        -X k8s.io/client-go/pkg/version.gitVersion=$v" ;;
+    etcd)
+      build_one etcd "-s -w" ;;
+    helm)
+      start=$SECONDS
+      say "installing helm v$HELM_VERSION ..."
+      GOFLAGS="-buildvcs=false -trimpath" GOBIN="$bindir" go install -ldflags "-s -w" "helm.sh/helm/v4/cmd/helm@v$HELM_VERSION"
+      say "installed helm in $((SECONDS - start))s" ;;
+  esac
+done
+echo "$bindir"

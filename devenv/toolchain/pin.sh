@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Regenerates go.mod and go.sum of the kube-apiserver and etcd modules from
+# versions.env. Every k8s.io staging module that k8s.io/kubernetes replaces
+# with ./staging/... is replaced with its published v0.X.Y instead, because
+# that is the only way the upstream main packages build outside their repo.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+command -v go >/dev/null || { echo "pin.sh: the Go toolchain is needed (install Go >= 1.26)" >&2; exit 1; }
+
+staging_version="v0.${KUBERNETES_VERSION#1.}"
+
+pin_kube_apiserver() {
+  local dir="$here/kube-apiserver"
+  rm -f "$dir/go.mod" "$dir/go.sum"
+  (cd "$dir" && go mod init kyma-compass-pull/devenv/toolchain/kube-apiserver >/dev/null 2>&1)
+  local upstream_mod
+  upstream_mod=$(cd "$dir" && go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",/\1/p')
+  local args=(-require "k8s.io/kubernetes@v$KUBERNETES_VERSION")
+  while read -r module; do
+    args+=(-replace "$module=$module@$staging_version")
+  done < <(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$upstream_mod")
+  (cd "$dir" && go mod edit -go=1.26.0 "${args[@]}" && go mod tidy)
+}
+
+pin_etcd() {
+  local dir="$here/etcd"
+  rm -f "$dir/go.mod" "$dir/go.sum"
+  (cd "$dir" && go mod init kyma-compass-pull/devenv/toolchain/etcd >/dev/null 2>&1 \
+    && go mod edit -go=1.26.0 -require "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" && go mod tidy)
+}
+
+pin_kube_apiserver
+pin_etcd
+echo "pinned kubernetes v$KUBERNETES_VERSION (staging $staging_version), etcd v$ETCD_VERSION"
