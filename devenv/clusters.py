@@ -12,6 +12,7 @@ terminates them, and an `atexit` hook catches what a crashed test run left behin
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import base64
 import contextlib
@@ -75,7 +76,9 @@ def find_binaries() -> Binaries:
         check=False,
     )
     if result.returncode != 0:
-        raise ClusterError(f"{TOOLCHAIN_BUILD} failed (exit {result.returncode}); see its output above")
+        raise ClusterError(
+            f"{TOOLCHAIN_BUILD} failed (exit {result.returncode}); see its output above"
+        )
     return Binaries(Path(result.stdout.strip()))
 
 
@@ -200,7 +203,7 @@ class TestCluster:
         audiences: Sequence[str],
         expiration_seconds: int = 600,
     ) -> str:
-        """A TokenRequest token for `namespace/name` (created if missing), as a kubelet would mount it."""
+        """A TokenRequest token for `namespace/name` (created if missing), like a kubelet's."""
         self.ensure_service_account(namespace, name)
         request = client.AuthenticationV1TokenRequest(
             spec=client.V1TokenRequestSpec(
@@ -208,8 +211,8 @@ class TestCluster:
             )
         )
         response = self.core.create_namespaced_service_account_token(name, namespace, request)
-        token: str = response.status.token
-        return token
+        assert response.status is not None
+        return str(response.status.token)
 
     def kubeconfig_with_token(self, token: str, *, user: str = "token-user") -> str:
         """A kubeconfig that authenticates with a bearer token instead of the admin certificate."""
@@ -246,6 +249,7 @@ class TestCluster:
                     if exc.status != 409:
                         raise
                     current = ext.read_custom_resource_definition(name)
+                    assert current.metadata is not None
                     doc["metadata"]["resourceVersion"] = current.metadata.resource_version
                     ext.replace_custom_resource_definition(name, doc)
         deadline = time.monotonic() + timeout
@@ -261,21 +265,20 @@ class TestCluster:
 
 
 def kyma_crds() -> list[Path]:
-    """The CRDs of Kyma's own components that the project reads (Kyma, ApplicationConnector, CompassConnection)."""
+    """The CRDs of the Kyma components this project reads: Kyma, ApplicationConnector, ...."""
     return sorted(CRD_DIR.glob("*.yaml"))
 
 
 def _wait_ready(
     check: httpx.Client, url: str, procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path]
 ) -> None:
+    """Polls `url` until it answers 200; fails early, with the log's tail, when a process dies."""
     deadline = time.monotonic() + _STARTUP_TIMEOUT
     last = "no answer"
     while time.monotonic() < deadline:
         for proc, log in zip(procs, logs, strict=True):
             if proc.poll() is not None:
-                raise ClusterError(
-                    f"{Path(str(proc.args[0])).name} exited with {proc.returncode}:\n{_log_tail(log)}"
-                )
+                raise ClusterError(f"{log.stem} exited with {proc.returncode}:\n{_log_tail(log)}")
         try:
             response = check.get(url)
             if response.status_code == 200:
@@ -284,7 +287,9 @@ def _wait_ready(
         except httpx.TransportError as exc:
             last = repr(exc)
         time.sleep(0.2)
-    raise ClusterError(f"{url} not ready after {_STARTUP_TIMEOUT}s ({last}):\n{_log_tail(logs[-1])}")
+    raise ClusterError(
+        f"{url} not ready after {_STARTUP_TIMEOUT}s ({last}):\n{_log_tail(logs[-1])}"
+    )
 
 
 def start_cluster(name: str, binaries: Binaries, *, workdir: Path | None = None) -> TestCluster:
@@ -423,8 +428,6 @@ def running_cluster(
 
 def main() -> int:
     """`python -m devenv.clusters`: start one cluster and print its kubeconfig path until Ctrl-C."""
-    import argparse
-
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--name", default="dev")
     args = parser.parse_args()

@@ -71,7 +71,9 @@ spec:
         "metadata": {"name": "w1"},
         "spec": {"size": 3},
     }
-    control_plane.custom.create_namespaced_custom_object("smoke.example.com", "v1", ns, "widgets", widget)
+    control_plane.custom.create_namespaced_custom_object(
+        "smoke.example.com", "v1", ns, "widgets", widget
+    )
     stored = control_plane.custom.get_namespaced_custom_object(
         "smoke.example.com", "v1", ns, "widgets", "w1"
     )
