@@ -71,7 +71,7 @@ class AgentSettings(BaseSettings):
     module_signals: Annotated[list[ModuleSignal], NoDecode] = Field(
         default_factory=lambda: [ModuleSignal.KYMA_SPEC, ModuleSignal.APPLICATIONCONNECTOR_CR]
     )
-    secret_name: str = "compass-agent-configuration"
+    secret_name: str = "compass-agent-configuration"  # noqa: S105 - a name
     delete_secret_on_disable: bool = True
     kubeconfig: Path | None = Field(
         default=None, description="Kubeconfig outside a pod; in-cluster config when unset."
@@ -97,7 +97,7 @@ class AgentSettings(BaseSettings):
     backoff_cap: Seconds = 300.0
 
     # --- process --------------------------------------------------------------------
-    health_address: str = "0.0.0.0:8080"  # noqa: S104 - probes and scrapes come from the kubelet/Prometheus
+    health_address: str = "0.0.0.0:8080"  # probes and scrapes come from outside the pod
     lease_enabled: bool = True
     lease_name: str = "compass-agent"
     lease_duration: Seconds = 15.0

@@ -1,0 +1,230 @@
+"""Wires the agent together from its settings and runs it until asked to stop.
+
+Always holds: one KubeClient and one BrokerClient per process, created here and closed here;
+watchers, the lease keeper, the health server and the reconcile loop are tasks of `run()` and
+all end (cancelled and awaited) before `run()` returns — nothing is left running after a stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+
+from agent.broker_client import BrokerClient, tls_context
+from agent.health import HealthServer
+from agent.identity import Identity, MtlsIdentity, ServiceAccountIdentity, token_requester
+from agent.kube import resources
+from agent.kube.api import KubeClient, KubeConfig
+from agent.kube.events import EventRecorder
+from agent.kube.lease import LeaseKeeper
+from agent.kube.watch import Watcher
+from agent.metrics import AgentMetrics
+from agent.reconcile import Reconciler
+from agent.retry import RandomSource
+from agent.settings import AgentSettings, IdentityMode, ModuleSignal
+
+log = logging.getLogger(__name__)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Overrides:
+    """Test seams: transports and clocks to plug in instead of the real ones."""
+
+    broker_transport: httpx.AsyncBaseTransport | None = None
+    kube_transport: httpx.AsyncBaseTransport | None = None
+    clock: Callable[[], datetime] = utcnow
+    rng: RandomSource | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - probes come from outside
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, *, overrides: Overrides | None = None) -> None:
+        self.settings = settings
+        o = overrides or Overrides()
+        config = (
+            KubeConfig.from_kubeconfig(settings.kubeconfig)
+            if settings.kubeconfig
+            else KubeConfig.in_cluster()
+        )
+        self.kube = KubeClient(config, transport=o.kube_transport)
+        self.metrics = AgentMetrics()
+        self.identity_name = settings.identity or os.environ.get("HOSTNAME") or socket.gethostname()
+        identity: Identity
+        if settings.identity_mode is IdentityMode.MTLS:
+            identity = MtlsIdentity()
+            verify = tls_context(
+                ca_bundle=settings.broker_ca_bundle,
+                cert_file=settings.client_cert_file,
+                key_file=settings.client_key_file,
+            )
+        else:
+            identity = ServiceAccountIdentity(
+                token_file=settings.sa_token_file,
+                requester=token_requester(
+                    self.kube,
+                    namespace=settings.namespace,
+                    service_account=settings.service_account,
+                    audience=settings.audience,
+                    seconds=settings.token_request_seconds,
+                    clock=o.clock,
+                ),
+                clock=o.clock,
+            )
+            verify = tls_context(ca_bundle=settings.broker_ca_bundle)
+        self.broker = BrokerClient(
+            base_url=settings.broker_base,
+            identity=identity,
+            policy=settings.retry_policy,
+            timeout=settings.broker_timeout,
+            verify=verify,
+            transport=o.broker_transport,
+            clock=o.clock,
+            rng=o.rng,
+        )
+        self.events = EventRecorder(
+            self.kube, namespace=settings.namespace, host=self.identity_name
+        )
+        self.reconciler = Reconciler(
+            settings=settings,
+            kube=self.kube,
+            broker=self.broker,
+            events=self.events,
+            metrics=self.metrics,
+            clock=o.clock,
+            rng=o.rng,
+        )
+        self.watchers = self._watchers(o.rng)
+        self.lease = (
+            LeaseKeeper(
+                self.kube,
+                namespace=settings.namespace,
+                name=settings.lease_name,
+                identity=self.identity_name,
+                duration=settings.lease_duration,
+                renew_every=settings.lease_renew,
+                monotonic=time.monotonic,
+            )
+            if settings.lease_enabled
+            else None
+        )
+        host, port = _split_address(settings.health_address)
+        self.health = HealthServer(
+            host=host,
+            port=port,
+            registry=self.metrics.registry,
+            healthy=lambda: self.reconciler.alive,
+            ready=self.ready,
+        )
+        self.started = asyncio.Event()
+
+    def _watchers(self, rng: RandomSource | None) -> list[Watcher]:
+        s = self.settings
+        notify = self.reconciler.trigger
+        policy = s.retry_policy
+        watchers = [
+            Watcher(
+                self.kube,
+                resources.kymas(s.namespace),
+                name="kyma",
+                field_selector=f"metadata.name={s.kyma_name}",
+                notify=notify,
+                policy=policy,
+                rng=rng,
+            ),
+            Watcher(
+                self.kube,
+                resources.secrets(s.namespace),
+                name="secret",
+                field_selector=f"metadata.name={s.secret_name}",
+                notify=notify,
+                policy=policy,
+                rng=rng,
+            ),
+            Watcher(
+                self.kube,
+                resources.compass_connections(),
+                name="compassconnection",
+                field_selector=f"metadata.name={resources.COMPASS_CONNECTION_NAME}",
+                notify=notify,
+                policy=policy,
+                rng=rng,
+            ),
+        ]
+        if ModuleSignal.APPLICATIONCONNECTOR_CR in s.module_signals:
+            watchers.append(
+                Watcher(
+                    self.kube,
+                    resources.application_connectors(s.namespace),
+                    name="applicationconnector",
+                    notify=notify,
+                    policy=policy,
+                    rng=rng,
+                )
+            )
+        return watchers
+
+    def ready(self) -> bool:
+        # Ready once every watch has listed once: until then the agent knows too little to act.
+        return self.reconciler.alive and all(w.synced.is_set() for w in self.watchers)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.health.start()
+        tasks = [asyncio.create_task(w.run(), name=f"watch-{w.name}") for w in self.watchers]
+        leading = standby = None
+        if self.lease is not None:
+            tasks.append(asyncio.create_task(self.lease.run(), name="lease"))
+            leading, standby = self.lease.leading, self.lease.standby
+        loop = asyncio.create_task(
+            self.reconciler.run(stop, leading=leading, standby=standby), name="reconcile"
+        )
+        self.started.set()
+        log.info(
+            "agent started",
+            extra={"namespace": self.settings.namespace, "health_port": self.health.port},
+        )
+        try:
+            await _wait_first(loop, asyncio.create_task(_wait_set(stop)))
+        finally:
+            stop.set()
+            loop.cancel()
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(loop, *tasks, return_exceptions=True)
+            if self.lease is not None:
+                await self.lease.release()
+            await self.health.stop()
+            await self.broker.aclose()
+            await self.kube.aclose()
+            log.info("agent stopped")
+        if loop.done() and not loop.cancelled() and loop.exception() is not None:
+            raise RuntimeError("the reconcile loop died") from loop.exception()
+
+
+async def _wait_first(*tasks: asyncio.Task[None]) -> None:
+    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _wait_set(event: asyncio.Event) -> None:
+    await event.wait()

@@ -1,0 +1,199 @@
+"""The agent's client of the control-plane broker: `POST {broker}/v1/runtimes/{id}/token`.
+
+Every answer becomes one typed outcome (`agent.outcomes`), translated here and nowhere else:
+
+    201 + token JSON                          → Issued
+    401, 403, 404, 409 (and other 4xx)        → Refused(status, problem type)
+    429, 5xx, transport errors, garbage, no
+    identity proof available right now       → Temporary(retry_after from `Retry-After`)
+
+`pull()` retries Temporary outcomes forever (tenacity, with `agent.retry.next_delay`: capped
+exponential backoff, full jitter, `Retry-After` honoured) and returns the first Issued or
+Refused. Always holds: the token never appears in a log line, an exception or a repr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_never
+from tenacity.wait import wait_base
+
+from agent.identity import Identity, IdentityError
+from agent.outcomes import Issued, Outcome, Refused, Temporary
+from agent.retry import RandomSource, RetryPolicy, next_delay, parse_retry_after
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+Sleep = Callable[[float], Awaitable[None]]
+AttemptHook = Callable[[Outcome], None]
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class TokenResponse(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+
+    token: str = Field(min_length=1, repr=False)
+    connector_url: str = Field(alias="connectorURL", min_length=1)
+    compass_runtime_id: str = Field(alias="compassRuntimeID", min_length=1)
+    tenant: str = Field(min_length=1)
+    expires_at: datetime = Field(alias="expiresAt")
+
+
+class Problem(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: str = "about:blank"
+    title: str = ""
+    detail: str = ""
+
+
+def tls_context(
+    *, ca_bundle: Path | None, cert_file: Path | None = None, key_file: Path | None = None
+) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(ca_bundle) if ca_bundle else None)
+    if cert_file and key_file:
+        context.load_cert_chain(str(cert_file), str(key_file))
+    return context
+
+
+def _problem(response: httpx.Response) -> Problem:
+    try:
+        return Problem.model_validate_json(response.content)
+    except ValidationError:
+        return Problem(title=response.reason_phrase)
+
+
+def outcome_of(response: httpx.Response, *, now: datetime) -> Outcome:
+    """The typed outcome of one broker response (pure apart from reading the body)."""
+    status = response.status_code
+    if status in (200, 201):
+        try:
+            body = TokenResponse.model_validate_json(response.content)
+        except ValidationError:
+            return Temporary(reason="malformed token response", status=status)
+        return Issued(
+            token=body.token,
+            connector_url=body.connector_url,
+            compass_runtime_id=body.compass_runtime_id,
+            tenant=body.tenant,
+            expires_at=body.expires_at,
+            issued_at=now,
+        )
+    if status == 429 or status >= 500:
+        problem = _problem(response)
+        return Temporary(
+            reason=problem.type if problem.type != "about:blank" else problem.title or str(status),
+            status=status,
+            retry_after=parse_retry_after(response.headers.get("Retry-After"), now=now),
+        )
+    if 400 <= status < 500:
+        problem = _problem(response)
+        reason = problem.type if problem.type != "about:blank" else problem.title or str(status)
+        return Refused(status=status, reason=reason, detail=problem.detail)
+    return Temporary(reason=f"unexpected status {status}", status=status)
+
+
+class _BackoffWait(wait_base):
+    """tenacity wait that asks THE retry policy, with the server's Retry-After."""
+
+    def __init__(self, policy: RetryPolicy, rng: RandomSource | None) -> None:
+        self._policy = policy
+        self._rng = rng
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        retry_after = None
+        if retry_state.outcome is not None and not retry_state.outcome.failed:
+            result = retry_state.outcome.result()
+            if isinstance(result, Temporary):
+                retry_after = result.retry_after
+        return next_delay(
+            self._policy, retry_state.attempt_number, retry_after=retry_after, rng=self._rng
+        )
+
+
+class BrokerClient:
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        identity: Identity,
+        policy: RetryPolicy,
+        timeout: float,
+        verify: ssl.SSLContext | bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
+        clock: Clock,
+        rng: RandomSource | None = None,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._identity = identity
+        self._policy = policy
+        self._clock = clock
+        self._rng = rng
+        self._sleep = sleep
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            verify=verify,
+            timeout=timeout,
+            transport=transport,
+            headers={"Accept": f"application/json, {PROBLEM_JSON}", "User-Agent": "compass-agent"},
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def request_once(self, runtime_id: str) -> Outcome:
+        try:
+            authorization = await self._identity.authorization()
+        except IdentityError as e:
+            return Temporary(reason=f"identity: {e}")
+        headers = {"Authorization": authorization} if authorization else {}
+        path = f"/v1/runtimes/{quote(runtime_id, safe='')}/token"
+        try:
+            response = await self._http.post(path, headers=headers, json={})
+        except httpx.TransportError as e:
+            # The exception text may name the URL, never a credential; keep only its class.
+            return Temporary(reason=f"transport: {type(e).__name__}")
+        return outcome_of(response, now=self._clock())
+
+    async def pull(
+        self, runtime_id: str, *, on_attempt: AttemptHook | None = None
+    ) -> Issued | Refused:
+        """Asks until the broker gives a token or a permanent refusal; never gives up otherwise."""
+
+        async def attempt() -> Outcome:
+            outcome = await self.request_once(runtime_id)
+            if on_attempt is not None:
+                on_attempt(outcome)
+            if isinstance(outcome, Temporary):
+                log.info(
+                    "broker not ready, will retry",
+                    extra={
+                        "runtime_id": runtime_id,
+                        "reason": outcome.reason,
+                        "status": outcome.status,
+                        "retry_after": outcome.retry_after,
+                    },
+                )
+            return outcome
+
+        retrying = AsyncRetrying(
+            retry=retry_if_result(lambda o: isinstance(o, Temporary)),
+            wait=_BackoffWait(self._policy, self._rng),
+            stop=stop_never,
+            sleep=self._sleep,
+            reraise=True,
+        )
+        result: Outcome = await retrying(attempt)
+        assert isinstance(result, Issued | Refused)
+        return result

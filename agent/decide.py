@@ -1,0 +1,150 @@
+"""The agent's one decision: from what it observed, what single thing to do now.
+
+`plan(observed, rules)` is pure (the clock is `observed.now`), total (every input yields one
+plan) and ordered — the first rule that applies wins:
+
+1. module disabled        → DELETE_SECRET if our secret is there and policy says so, else IDLE
+2. runtime ID unknown     → IDLE (a watch event brings it)
+3. a pull would be next, but the broker refused (401/403/404/409) recently and nothing
+   watched changed since   → WAIT until the refusal cadence is over; or tokens were pulled
+   in a row without the connection becoming healthy → WAIT out a growing spacing (so a
+   secret that keeps vanishing cannot make a hot loop)
+4. no secret              → PULL (the runtime agent only runs while the secret exists, so a
+   CompassConnection without a secret says nothing about the present)
+5. connection healthy     → IDLE (a restarted agent asks for nothing)
+6. ConnectionFailed       → PULL when the token expired or was handed over longer ago than
+                            the handover grace; else WAIT until one of those is true
+7. other failed states    → IDLE (they come after a certificate was issued; a token won't help)
+8. no CompassConnection   → PULL when the token expired and the connection grace since it was
+                            written is over; else WAIT until both are true
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from agent.model import Connection, TokenRecord
+from agent.retry import DEFAULT_POLICY, RetryPolicy, step
+
+
+class Action(StrEnum):
+    PULL = "pull"
+    DELETE_SECRET = "delete-secret"  # noqa: S105 - a name, not a password
+    IDLE = "idle"
+    WAIT = "wait"
+
+
+class Reason(StrEnum):
+    MODULE_DISABLED = "module-disabled"
+    MODULE_DISABLED_SECRET_KEPT = "module-disabled-secret-kept"  # noqa: S105 - a name, not a password
+    NO_RUNTIME_ID = "no-runtime-id"
+    REFUSED_RECENTLY = "refused-recently"
+    PULL_SPACING = "pull-spacing"
+    NO_SECRET = "no-secret"  # noqa: S105 - a name, not a password
+    CONNECTION_HEALTHY = "connection-healthy"
+    CONNECTION_FAILED_TOKEN_STALE = "connection-failed-token-stale"  # noqa: S105 - a name, not a password
+    CONNECTION_FAILED_TOKEN_FRESH = "connection-failed-token-fresh"  # noqa: S105 - a name, not a password
+    CONNECTION_OTHER_FAILURE = "connection-other-failure"
+    NO_CONNECTION_TOKEN_EXPIRED = "no-connection-token-expired"  # noqa: S105 - a name, not a password
+    WAITING_FOR_CONNECTION = "waiting-for-connection"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The broker's last permanent answer (401/403/404/409), remembered in memory."""
+
+    status: int
+    reason: str
+    at: datetime
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    now: datetime
+    module_enabled: bool
+    runtime_id: str | None
+    secret: TokenRecord | None
+    connection: Connection | None
+    fingerprint: str
+    last_refusal: Refusal | None = None
+    last_pull_at: datetime | None = None  # last token received
+    pull_streak: int = 0  # tokens received since the connection was last healthy
+
+
+@dataclass(frozen=True)
+class Rules:
+    handover_grace: timedelta
+    connection_grace: timedelta
+    refusal_cadence: timedelta
+    delete_secret_on_disable: bool = True
+    spacing: RetryPolicy = DEFAULT_POLICY
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: Action
+    reason: Reason
+    until: datetime | None = None  # only for WAIT
+
+
+def plan(observed: Observed, rules: Rules) -> Plan:
+    if not observed.module_enabled:
+        if observed.secret is not None and observed.secret.managed:
+            if rules.delete_secret_on_disable:
+                return Plan(Action.DELETE_SECRET, Reason.MODULE_DISABLED)
+            return Plan(Action.IDLE, Reason.MODULE_DISABLED_SECRET_KEPT)
+        return Plan(Action.IDLE, Reason.MODULE_DISABLED)
+    if observed.runtime_id is None:
+        return Plan(Action.IDLE, Reason.NO_RUNTIME_ID)
+    wanted = _token_plan(observed, rules)
+    if wanted.action is Action.PULL:
+        return _respect_refusal(observed, rules) or _respect_spacing(observed, rules) or wanted
+    return wanted
+
+
+def _token_plan(observed: Observed, rules: Rules) -> Plan:  # noqa: PLR0911 - a decision table
+    secret, connection, now = observed.secret, observed.connection, observed.now
+    if secret is None:
+        return Plan(Action.PULL, Reason.NO_SECRET)
+    if connection is not None and connection.healthy:
+        return Plan(Action.IDLE, Reason.CONNECTION_HEALTHY)
+    if connection is not None and connection.failed:
+        if secret.expired(now) or secret.issued_at is None:
+            return Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_STALE)
+        handed_over_until = secret.issued_at + rules.handover_grace
+        if handed_over_until <= now:
+            return Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_STALE)
+        assert secret.expires_at is not None  # not expired implies known
+        until = min(handed_over_until, secret.expires_at)
+        return Plan(Action.WAIT, Reason.CONNECTION_FAILED_TOKEN_FRESH, until)
+    if connection is not None and connection.state is not None:
+        return Plan(Action.IDLE, Reason.CONNECTION_OTHER_FAILURE)
+    # No CompassConnection (or one without a state yet): the runtime agent has not reported.
+    grace_over_at = None if secret.issued_at is None else secret.issued_at + rules.connection_grace
+    grace_over = grace_over_at is None or grace_over_at <= now
+    if grace_over and secret.expired(now):
+        return Plan(Action.PULL, Reason.NO_CONNECTION_TOKEN_EXPIRED)
+    candidates = [t for t in (grace_over_at, secret.expires_at) if t is not None and t > now]
+    return Plan(Action.WAIT, Reason.WAITING_FOR_CONNECTION, max(candidates))
+
+
+def _respect_refusal(observed: Observed, rules: Rules) -> Plan | None:
+    refusal = observed.last_refusal
+    if refusal is None or refusal.fingerprint != observed.fingerprint:
+        return None
+    again_at = refusal.at + rules.refusal_cadence
+    if again_at <= observed.now:
+        return None
+    return Plan(Action.WAIT, Reason.REFUSED_RECENTLY, again_at)
+
+
+def _respect_spacing(observed: Observed, rules: Rules) -> Plan | None:
+    if observed.last_pull_at is None or observed.pull_streak < 1:
+        return None
+    again_at = observed.last_pull_at + timedelta(seconds=step(rules.spacing, observed.pull_streak))
+    if again_at <= observed.now:
+        return None
+    return Plan(Action.WAIT, Reason.PULL_SPACING, again_at)

@@ -1,0 +1,110 @@
+"""How the agent proves which cluster it runs in, for the `Authorization` header.
+
+Always holds: the projected ServiceAccount token file is re-read for every request, because
+the kubelet rotates it; only without that file (outside a pod) does the agent ask the
+TokenRequest API for a short-lived, audience-bound token of its own ServiceAccount, and it
+reuses that token for at most half its lifetime. In mTLS mode the proof is the client
+certificate on the connection and no header is sent. Tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Protocol
+
+from agent.kube import resources
+from agent.kube.api import KubeClient
+from agent.model import parse_time
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+class IdentityError(Exception):
+    """No proof of identity could be produced right now (a temporary condition)."""
+
+
+class Identity(Protocol):
+    async def authorization(self) -> str | None:
+        """The `Authorization` header value, or None when the transport carries the proof."""
+        ...
+
+
+@dataclass(frozen=True)
+class RequestedToken:
+    token: str
+    expires_at: datetime
+
+
+TokenRequester = Callable[[], Awaitable[RequestedToken]]
+
+
+class ServiceAccountIdentity:
+    def __init__(self, *, token_file: Path, requester: TokenRequester | None, clock: Clock) -> None:
+        self._token_file = token_file
+        self._requester = requester
+        self._clock = clock
+        self._cached: RequestedToken | None = None
+        self._refresh_at: datetime | None = None
+
+    async def authorization(self) -> str | None:
+        return f"Bearer {await self.token()}"
+
+    async def token(self) -> str:
+        try:
+            text = self._token_file.read_text().strip()
+        except FileNotFoundError:
+            text = ""
+        except OSError as e:
+            raise IdentityError(f"cannot read the ServiceAccount token file: {e.strerror}") from e
+        if text:
+            return text
+        if self._requester is None:
+            raise IdentityError("no ServiceAccount token file and no TokenRequest fallback")
+        now = self._clock()
+        if self._cached is None or self._refresh_at is None or now >= self._refresh_at:
+            fresh = await self._requester()
+            self._cached = fresh
+            self._refresh_at = now + (fresh.expires_at - now) / 2
+        return self._cached.token
+
+
+class MtlsIdentity:
+    async def authorization(self) -> str | None:
+        return None
+
+
+def token_requester(
+    client: KubeClient,
+    *,
+    namespace: str,
+    service_account: str,
+    audience: str,
+    seconds: int,
+    clock: Clock,
+) -> TokenRequester:
+    """TokenRequest (`serviceaccounts/token`) for the agent's own ServiceAccount."""
+
+    async def request() -> RequestedToken:
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"audiences": [audience], "expirationSeconds": seconds},
+        }
+        answer = await client.create(resources.token_request(namespace, service_account), body)
+        status = answer.get("status") or {}
+        token = status.get("token")
+        if not isinstance(token, str) or not token:
+            raise IdentityError("TokenRequest returned no token")
+        expires = parse_time(status.get("expirationTimestamp")) or clock() + timedelta(
+            seconds=seconds
+        )
+        log.info("requested a ServiceAccount token", extra={"expires_at": expires.isoformat()})
+        return RequestedToken(token=token, expires_at=expires)
+
+    return request

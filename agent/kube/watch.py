@@ -1,0 +1,83 @@
+"""List-then-watch of one kind of object; every change only *notifies* (level-based loop).
+
+Always holds: after every (re)list the watcher notifies, since anything may have changed
+while it was not watching; a 410 Gone re-lists at once; other failures (API server down, the
+CRD not installed yet) re-list after THE retry policy's backoff, forever, until cancelled.
+Cancelling the task ends the watch cleanly (httpx closes the stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from agent.kube.api import Gone, KubeClient, KubeError
+from agent.retry import RandomSource, RetryPolicy, next_delay
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class Watcher:
+    def __init__(
+        self,
+        client: KubeClient,
+        path: str,
+        *,
+        name: str,
+        notify: Callable[[], None],
+        policy: RetryPolicy,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+        rng: RandomSource | None = None,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.name = name
+        self.synced = asyncio.Event()
+        self.relists = 0
+        self._client = client
+        self._path = path
+        self._notify = notify
+        self._policy = policy
+        self._field_selector = field_selector
+        self._timeout_seconds = timeout_seconds
+        self._rng = rng
+        self._sleep = sleep
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self._list_and_watch()
+            except Gone:
+                log.info("watch expired, re-listing", extra={"watch": self.name})
+                failures = 0
+            except KubeError as e:
+                failures += 1
+                delay = next_delay(self._policy, failures, rng=self._rng)
+                log.warning(
+                    "watch failed, re-listing later",
+                    extra={"watch": self.name, "error": str(e), "delay": round(delay, 2)},
+                )
+                await self._sleep(delay)
+
+    async def _list_and_watch(self) -> None:
+        listing = await self._client.list(self._path, field_selector=self._field_selector)
+        self.relists += 1
+        version = str(listing.get("metadata", {}).get("resourceVersion", ""))
+        self._notify()
+        self.synced.set()
+        while True:
+            async for event in self._client.watch(
+                self._path,
+                resource_version=version,
+                field_selector=self._field_selector,
+                timeout_seconds=self._timeout_seconds,
+            ):
+                obj = event.get("object") or {}
+                version = str(obj.get("metadata", {}).get("resourceVersion", version))
+                if event.get("type") != "BOOKMARK":
+                    self._notify()
+            # The server ended the watch (its timeout): carry on from the last version seen.

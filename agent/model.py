@@ -1,0 +1,171 @@
+"""Typed views of the Kubernetes objects the agent reads, parsed from raw JSON at the edge.
+
+Always holds: parsing never raises on odd input (a missing field reads as "unknown", which the
+decision treats conservatively); nothing here holds the token itself — a `TokenRecord` is what
+the secret's annotations say *about* the token. No Kubernetes or HTTP imports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+MODULE_NAME = "application-connector"
+RUNTIME_ID_LABEL = "kyma-project.io/runtime-id"
+GLOBAL_ACCOUNT_LABEL = "kyma-project.io/global-account-id"
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "compass-agent"
+ANNOTATION_PREFIX = "compass-agent.kyma-project.io/"
+EXPIRES_AT_ANNOTATION = ANNOTATION_PREFIX + "token-expires-at"
+ISSUED_AT_ANNOTATION = ANNOTATION_PREFIX + "token-issued-at"
+COMPASS_RUNTIME_ID_ANNOTATION = ANNOTATION_PREFIX + "compass-runtime-id"
+
+SECRET_KEYS = ("CONNECTOR_URL", "TOKEN", "RUNTIME_ID", "TENANT")
+
+
+class ConnectionState(StrEnum):
+    """`status.connectionState` of compass-runtime-agent's CompassConnection."""
+
+    CONNECTED = "Connected"
+    CONNECTION_FAILED = "ConnectionFailed"
+    CONNECTION_MAINTENANCE_FAILED = "ConnectionMaintenanceFailed"
+    SYNCHRONIZATION_FAILED = "SynchronizationFailed"
+    RESOURCE_APPLICATION_FAILED = "ResourceApplicationFailed"
+    METADATA_UPDATE_FAILED = "MetadataUpdateFailed"
+    SYNCHRONIZED = "Synchronized"
+
+
+HEALTHY_STATES = frozenset({ConnectionState.CONNECTED, ConnectionState.SYNCHRONIZED})
+
+
+def parse_time(value: object) -> datetime | None:
+    """RFC 3339 timestamp (as Kubernetes and Compass write them) or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class KymaView:
+    """What the agent needs from the Kyma CR `kyma-system/default`."""
+
+    uid: str | None
+    generation: int | None
+    module_in_spec: bool
+    runtime_id: str | None
+    labels: Mapping[str, str]
+
+    @classmethod
+    def from_object(cls, raw: Mapping[str, Any]) -> KymaView:
+        metadata = _mapping(raw.get("metadata"))
+        labels = {str(k): str(v) for k, v in _mapping(metadata.get("labels")).items()}
+        modules = _mapping(raw.get("spec")).get("modules")
+        names = (
+            {str(_mapping(m).get("name")) for m in modules} if isinstance(modules, list) else set()
+        )
+        generation = metadata.get("generation")
+        uid = metadata.get("uid")
+        return cls(
+            uid=uid if isinstance(uid, str) else None,
+            generation=generation if isinstance(generation, int) else None,
+            module_in_spec=MODULE_NAME in names,
+            runtime_id=labels.get(RUNTIME_ID_LABEL) or None,
+            labels=labels,
+        )
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """What the token secret says about the token it holds (from its annotations)."""
+
+    managed: bool
+    expires_at: datetime | None
+    issued_at: datetime | None
+    compass_runtime_id: str | None
+
+    @classmethod
+    def from_secret(cls, raw: Mapping[str, Any]) -> TokenRecord:
+        metadata = _mapping(raw.get("metadata"))
+        labels = _mapping(metadata.get("labels"))
+        annotations = _mapping(metadata.get("annotations"))
+        runtime = annotations.get(COMPASS_RUNTIME_ID_ANNOTATION)
+        return cls(
+            managed=labels.get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE,
+            expires_at=parse_time(annotations.get(EXPIRES_AT_ANNOTATION)),
+            issued_at=parse_time(annotations.get(ISSUED_AT_ANNOTATION)),
+            compass_runtime_id=runtime if isinstance(runtime, str) and runtime else None,
+        )
+
+    def expired(self, now: datetime) -> bool:
+        # Unknown expiry (a secret someone else wrote) counts as expired: we cannot prove it
+        # is still usable, and a connection that fails with it needs a fresh one.
+        return self.expires_at is None or self.expires_at <= now
+
+
+@dataclass(frozen=True)
+class Connection:
+    """compass-runtime-agent's CompassConnection `compass-connection` (cluster-scoped)."""
+
+    state: str | None
+    error: str | None
+
+    @classmethod
+    def from_object(cls, raw: Mapping[str, Any]) -> Connection:
+        status = _mapping(raw.get("status"))
+        state = status.get("connectionState")
+        error = _mapping(status.get("connectionStatus")).get("error")
+        return cls(
+            state=state if isinstance(state, str) and state else None,
+            error=error if isinstance(error, str) and error else None,
+        )
+
+    @property
+    def healthy(self) -> bool:
+        return self.state in HEALTHY_STATES
+
+    @property
+    def failed(self) -> bool:
+        return self.state == ConnectionState.CONNECTION_FAILED
+
+
+def fingerprint(
+    *,
+    module_enabled: bool,
+    runtime_id: str | None,
+    kyma: KymaView | None,
+    application_connectors: Iterable[str],
+) -> str:
+    """A digest of the watched inputs that could change the broker's answer.
+
+    Status churn is left out on purpose: only spec generation, labels, the module signals and
+    the runtime ID count, so a refused agent asks again when an admin changes something, not
+    whenever a controller rewrites a status.
+    """
+    material = {
+        "enabled": module_enabled,
+        "runtime": runtime_id,
+        "kyma": None
+        if kyma is None
+        else {"uid": kyma.uid, "generation": kyma.generation, "labels": dict(kyma.labels)},
+        "acs": sorted(application_connectors),
+    }
+    encoded = json.dumps(material, sort_keys=True).encode()
+    return hashlib.sha256(encoded).hexdigest()[:16]

@@ -1,0 +1,43 @@
+"""What one request for a token can end in; plain data shared by the client and the loop.
+
+Always holds: `Issued` is the only place the token lives in memory after a pull, and its
+`repr` never shows it. No HTTP imports here, so pure modules and benchmarks can use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Issued:
+    """201 from the broker: a one-time token for the Compass Connector."""
+
+    token: str = field(repr=False)
+    connector_url: str
+    compass_runtime_id: str
+    tenant: str
+    expires_at: datetime
+    issued_at: datetime
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A permanent answer (401/403/404/409): asking again right away would not help."""
+
+    status: int
+    reason: str  # the problem `type` (or title) the broker gave
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Temporary:
+    """Transport error, 5xx, 429 or anything unexpected: ask again after a backoff."""
+
+    reason: str
+    status: int | None = None
+    retry_after: float | None = None
+
+
+Outcome = Issued | Refused | Temporary

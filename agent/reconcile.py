@@ -1,0 +1,344 @@
+"""The level-based loop: gather everything, `decide.plan`, carry out one thing, record it.
+
+Always holds: watch events only `trigger()` the loop; every turn re-reads the world from the
+API server; at most one pull runs at a time and it keeps its own backoff across turns (a turn
+that still plans PULL leaves it running, a turn that plans anything else cancels it); the loop
+sleeps until a trigger, the plan's WAIT deadline or the resync period — never a hot loop;
+metrics and Events are recorded here only; tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from agent import decide
+from agent.broker_client import BrokerClient
+from agent.decide import Action, Observed, Plan, Reason, Refusal, Rules
+from agent.kube import resources
+from agent.kube import secret as secret_io
+from agent.kube.api import KubeClient, KubeError, KubeUnavailable
+from agent.kube.events import EventReason, EventRecorder, ObjectRef
+from agent.metrics import AgentMetrics
+from agent.model import Connection, ConnectionState, KymaView, TokenRecord, fingerprint
+from agent.outcomes import Issued, Outcome, Refused, Temporary
+from agent.retry import RandomSource, RetryPolicy, next_delay
+from agent.settings import AgentSettings, ModuleSignal
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+
+@dataclass(frozen=True)
+class Gathered:
+    observed: Observed
+    kyma: KymaView | None
+
+
+def rules_from(settings: AgentSettings) -> Rules:
+    return Rules(
+        handover_grace=timedelta(seconds=settings.handover_grace),
+        connection_grace=timedelta(seconds=settings.connection_grace),
+        refusal_cadence=timedelta(seconds=settings.refusal_cadence),
+        delete_secret_on_disable=settings.delete_secret_on_disable,
+        spacing=settings.retry_policy,
+    )
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        settings: AgentSettings,
+        kube: KubeClient,
+        broker: BrokerClient,
+        events: EventRecorder,
+        metrics: AgentMetrics,
+        clock: Clock,
+        rng: RandomSource | None = None,
+    ) -> None:
+        self._settings = settings
+        self._rules = rules_from(settings)
+        self._policy: RetryPolicy = settings.retry_policy
+        self._kube = kube
+        self._broker = broker
+        self._events = events
+        self._metrics = metrics
+        self._clock = clock
+        self._rng = rng
+        self._wake = asyncio.Event()
+        self._pull: asyncio.Task[None] | None = None
+        self._refusal: Refusal | None = None
+        self._last_pull_at: datetime | None = None
+        self._pull_streak = 0
+        self._last_connection_state: str | None = None
+        self.last_plan: Plan | None = None
+        self.turns = 0
+        self.alive = True
+        self._background: set[asyncio.Task[None]] = set()
+
+    def trigger(self) -> None:
+        self._wake.set()
+
+    # -- gathering -----------------------------------------------------------------
+
+    async def gather(self) -> Gathered:
+        s = self._settings
+        kyma_raw = await self._kube.get(f"{resources.kymas(s.namespace)}/{s.kyma_name}")
+        kyma = KymaView.from_object(kyma_raw) if kyma_raw is not None else None
+        connectors: list[str] = []
+        if ModuleSignal.APPLICATIONCONNECTOR_CR in s.module_signals:
+            connectors = await self._application_connectors()
+        enabled = (
+            ModuleSignal.KYMA_SPEC in s.module_signals and bool(kyma and kyma.module_in_spec)
+        ) or (ModuleSignal.APPLICATIONCONNECTOR_CR in s.module_signals and bool(connectors))
+        runtime_id = (kyma.runtime_id if kyma else None) or s.runtime_id
+        secret_raw = await secret_io.read_secret(
+            self._kube, namespace=s.namespace, name=s.secret_name
+        )
+        connection_raw = await self._kube.get(
+            f"{resources.compass_connections()}/{resources.COMPASS_CONNECTION_NAME}"
+        )
+        observed = Observed(
+            now=self._clock(),
+            module_enabled=enabled,
+            runtime_id=runtime_id,
+            secret=TokenRecord.from_secret(secret_raw) if secret_raw is not None else None,
+            connection=Connection.from_object(connection_raw)
+            if connection_raw is not None
+            else None,
+            fingerprint=fingerprint(
+                module_enabled=enabled,
+                runtime_id=runtime_id,
+                kyma=kyma,
+                application_connectors=connectors,
+            ),
+            last_refusal=self._refusal,
+            last_pull_at=self._last_pull_at,
+            pull_streak=self._pull_streak,
+        )
+        return Gathered(observed=observed, kyma=kyma)
+
+    async def _application_connectors(self) -> list[str]:
+        try:
+            listing = await self._kube.list(
+                resources.application_connectors(self._settings.namespace)
+            )
+        except KubeError as e:
+            if e.status == 404:  # CRD not installed: the module is not there
+                return []
+            raise
+        items = listing.get("items") or []
+        return sorted(
+            f"{i.get('metadata', {}).get('name')}/{i.get('metadata', {}).get('generation')}"
+            for i in items
+            if not i.get("metadata", {}).get("deletionTimestamp")
+        )
+
+    def _about(self, kyma: KymaView | None) -> ObjectRef:
+        s = self._settings
+        if kyma is not None:
+            return ObjectRef(
+                resources.KYMA_GROUP_VERSION, "Kyma", s.namespace, s.kyma_name, kyma.uid
+            )
+        return ObjectRef("v1", "Secret", s.namespace, s.secret_name)
+
+    # -- the loop ------------------------------------------------------------------
+
+    async def run(
+        self,
+        stop: asyncio.Event,
+        *,
+        leading: asyncio.Event | None = None,
+        standby: asyncio.Event | None = None,
+    ) -> None:
+        """Turns until `stop`; with a lease, acts only while `leading` (`standby`: its inverse)."""
+        failures = 0
+        try:
+            while not stop.is_set():
+                if leading is not None and not leading.is_set():
+                    await self._cancel_pull()
+                    self._metrics.state.state("standby")
+                    await _first(stop.wait(), leading.wait())
+                    continue
+                self._wake.clear()
+                self.turns += 1
+                try:
+                    timeout = await self.turn()
+                    failures = 0
+                except KubeError as e:
+                    failures += 1
+                    timeout = next_delay(self._policy, failures, rng=self._rng)
+                    log.warning(
+                        "reconcile failed", extra={"error": str(e), "retry_in": round(timeout, 2)}
+                    )
+                waiters = [stop.wait(), self._wake.wait()]
+                if standby is not None:
+                    waiters.append(standby.wait())
+                await _first(*waiters, wait_at_most=timeout)
+        except BaseException:
+            self.alive = False
+            raise
+        finally:
+            await self._cancel_pull()
+            if self._background:
+                await asyncio.wait(self._background, timeout=5)
+                for task in self._background:
+                    task.cancel()
+
+    async def turn(self) -> float:
+        """One reconcile: returns how long to sleep unless something triggers earlier."""
+        gathered = await self.gather()
+        observed = gathered.observed
+        self._note_connection(observed, gathered.kyma)
+        plan = decide.plan(observed, self._rules)
+        if plan != self.last_plan:
+            log.info(
+                "plan",
+                extra={
+                    "action": str(plan.action),
+                    "reason": str(plan.reason),
+                    "until": plan.until and plan.until.isoformat(),
+                },
+            )
+        self.last_plan = plan
+        self._metrics.state.state(str(plan.reason))
+        if plan.reason in (Reason.CONNECTION_HEALTHY, Reason.MODULE_DISABLED):
+            self._pull_streak = 0
+        pulling = self._pull is not None and not self._pull.done()
+        if pulling and plan.action is not Action.PULL:
+            log.info("pull no longer needed, cancelling", extra={"reason": str(plan.reason)})
+            await self._cancel_pull()
+        if plan.action is Action.PULL and not pulling:
+            assert observed.runtime_id is not None
+            self._pull = asyncio.create_task(
+                self._pull_and_write(observed.runtime_id, observed.fingerprint, gathered.kyma),
+                name="compass-agent-pull",
+            )
+        elif plan.action is Action.DELETE_SECRET:
+            if await self._delete_secret(gathered.kyma):
+                return 0.0  # look again at once: the deletion changes what we observe
+            return self._policy.base
+        if plan.action is Action.WAIT and plan.until is not None:
+            return max((plan.until - observed.now).total_seconds(), 0.0)
+        return self._settings.resync_period
+
+    def _note_connection(self, observed: Observed, kyma: KymaView | None) -> None:
+        state = observed.connection.state if observed.connection else None
+        previous, self._last_connection_state = self._last_connection_state, state
+        if (
+            state == ConnectionState.CONNECTION_FAILED
+            and previous != state
+            and observed.module_enabled
+        ):
+            error = observed.connection.error if observed.connection else None
+            message = "CompassConnection is ConnectionFailed" + (f": {error}" if error else "")
+            log.warning("connection failure seen", extra={"error": error})
+            self._spawn_event(kyma, EventReason.CONNECTION_FAILURE_SEEN, message[:512])
+
+    def _spawn_event(self, kyma: KymaView | None, reason: EventReason, message: str) -> None:
+        # Best effort and off the loop's path; the recorder never raises.
+        task = asyncio.create_task(
+            self._events.record(self._about(kyma), reason, message, now=self._clock())
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _cancel_pull(self) -> None:
+        task, self._pull = self._pull, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- carrying out ----------------------------------------------------------------
+
+    def _count(self, outcome: Outcome) -> None:
+        label = {Issued: "issued", Refused: "refused", Temporary: "temporary"}[type(outcome)]
+        self._metrics.pull_attempts.labels(outcome=label).inc()
+
+    async def _pull_and_write(self, runtime_id: str, print_: str, kyma: KymaView | None) -> None:
+        try:
+            log.info("pulling a token", extra={"runtime_id": runtime_id})
+            result = await self._broker.pull(runtime_id, on_attempt=self._count)
+            if isinstance(result, Refused):
+                self._refusal = Refusal(result.status, result.reason, self._clock(), print_)
+                message = f"broker refused a token ({result.status} {result.reason})"
+                if result.detail:
+                    message += f": {result.detail}"
+                log.warning(
+                    "pull refused", extra={"status": result.status, "reason": result.reason}
+                )
+                await self._events.record(
+                    self._about(kyma), EventReason.PULL_REFUSED, message, now=self._clock()
+                )
+                return
+            await self._write(result)
+            self._refusal = None
+            self._last_pull_at = self._clock()
+            self._pull_streak += 1
+            self._metrics.last_success.set(self._last_pull_at.timestamp())
+            log.info(
+                "token written",
+                extra={
+                    "runtime_id": runtime_id,
+                    "compass_runtime_id": result.compass_runtime_id,
+                    "expires_at": result.expires_at.isoformat(),
+                },
+            )
+            await self._events.record(
+                self._about(kyma),
+                EventReason.TOKEN_PULLED,
+                f"wrote a Compass one-time token for runtime {result.compass_runtime_id} "
+                f"(expires {result.expires_at.isoformat()})",
+                now=self._clock(),
+            )
+        except KubeError as e:
+            # The token is lost with this failure; the next turn plans a new pull (spacing applies).
+            log.error("could not write the token secret", extra={"error": str(e)})
+        finally:
+            self._wake.set()
+
+    async def _write(self, issued: Issued) -> None:
+        s = self._settings
+        desired = secret_io.desired_secret(namespace=s.namespace, name=s.secret_name, issued=issued)
+        for attempt in range(1, 6):
+            try:
+                await secret_io.write_secret(self._kube, desired)
+                return
+            except KubeUnavailable:
+                if attempt == 5:
+                    raise
+                await asyncio.sleep(next_delay(self._policy, attempt, rng=self._rng))
+
+    async def _delete_secret(self, kyma: KymaView | None) -> bool:
+        s = self._settings
+        deleted = await secret_io.delete_managed_secret(
+            self._kube, namespace=s.namespace, name=s.secret_name
+        )
+        if deleted:
+            log.info("module disabled, token secret removed", extra={"secret": s.secret_name})
+            await self._events.record(
+                self._about(kyma),
+                EventReason.SECRET_REMOVED,
+                f"application-connector module disabled: removed {s.namespace}/{s.secret_name}",
+                now=self._clock(),
+            )
+        return deleted
+
+
+async def _first(*waiters: Coroutine[Any, Any, object], wait_at_most: float | None = None) -> None:
+    """Waits until the first coroutine finishes (or `wait_at_most` seconds), cancelling the rest."""
+    tasks = [asyncio.ensure_future(w) for w in waiters]
+    try:
+        await asyncio.wait(tasks, timeout=wait_at_most, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
