@@ -1,0 +1,1 @@
+"""The HTTP surface: FastAPI app, routes and RFC 9457 problem responses."""

@@ -1,0 +1,153 @@
+"""FastAPI application: the token endpoint, health, readiness, metrics, and /openapi.json.
+
+Holds: every error leaves as application/problem+json; request logs carry method, path, status
+and duration, never headers or bodies; metrics are recorded here (the request loop), not below.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+from fastapi import FastAPI, Header, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+
+from control_plane_broker.api.problems import MEDIA_TYPE, problem_for
+from control_plane_broker.errors import BrokerError, MalformedRequest
+from control_plane_broker.issuing import TokenIssuer
+from control_plane_broker.metrics import Metrics
+from control_plane_broker.retry import Jitter
+
+log = logging.getLogger("control_plane_broker.access")
+
+
+class TokenResponse(BaseModel):
+    token: str = Field(description="One-time token for the Compass Connector.")
+    connectorURL: str
+    compassRuntimeID: str
+    tenant: str = Field(description="Global account ID, the Tenant in Compass.")
+    expiresAt: str | int | float | None = None
+
+
+class ProblemModel(BaseModel):
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str
+
+
+def _problem_responses() -> dict[int | str, dict[str, object]]:
+    out: dict[int | str, dict[str, object]] = {}
+    for status, text in (
+        (400, "Malformed runtime ID"),
+        (401, "Identity not proven"),
+        (403, "Proven identity, not for this runtime or ServiceAccount not allowed"),
+        (404, "No Kyma for this runtime"),
+        (409, "Module not enabled or Kyma being deleted"),
+        (429, "Per-runtime rate limit (Retry-After)"),
+        (502, "Compass rejected the request"),
+        (503, "Compass or control plane unavailable (Retry-After)"),
+    ):
+        out[status] = {"model": ProblemModel, "description": text, "content": {MEDIA_TYPE: {}}}
+    return out
+
+
+def create_app(
+    *,
+    issuer: TokenIssuer,
+    metrics: Metrics,
+    ready: Callable[[], bool],
+    jitter_max: float,
+    rand: Jitter = random.random,
+) -> FastAPI:
+    app = FastAPI(
+        title="compass-broker",
+        summary="Issues Compass one-time tokens to Kyma runtimes that prove their identity.",
+        version="1",
+    )
+
+    def problem(exc: BrokerError, request: Request) -> JSONResponse:
+        p = problem_for(exc, instance=request.url.path, jitter_max=jitter_max, rand=rand)
+        return JSONResponse(p.body, status_code=p.status, headers=p.headers, media_type=MEDIA_TYPE)
+
+    @app.exception_handler(BrokerError)
+    async def _broker_error(request: Request, exc: BrokerError) -> JSONResponse:
+        return problem(exc, request)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return problem(MalformedRequest("request failed validation"), request)
+
+    @app.middleware("http")
+    async def _access_log(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        started = time.monotonic()
+        response = await call_next(request)
+        log.info(
+            "request",
+            extra={
+                "method": request.method,
+                "path": request.url.path,
+                "status": response.status_code,
+                "seconds": round(time.monotonic() - started, 4),
+            },
+        )
+        return response
+
+    @app.post(
+        "/v1/runtimes/{runtimeID}/token",
+        status_code=201,
+        response_model=TokenResponse,
+        responses=_problem_responses(),
+        summary="Issue a one-time token for this runtime's compass-runtime-agent",
+    )
+    async def issue_token(
+        runtimeID: str,
+        request: Request,
+        authorization: Annotated[
+            str | None, Header(description="`Bearer <ServiceAccount token>` (tokenreview, jwks)")
+        ] = None,
+        x_forwarded_client_cert: Annotated[
+            str | None, Header(description="Set by the gateway (xfcc mode)")
+        ] = None,
+    ) -> TokenResponse:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        with metrics.request_seconds.time():
+            try:
+                issued = await issuer.issue(runtimeID, headers)
+            except BrokerError as exc:
+                metrics.token_requests.labels(exc.slug).inc()
+                raise
+        metrics.token_requests.labels("issued").inc()
+        return TokenResponse(
+            token=issued.token,
+            connectorURL=issued.connector_url,
+            compassRuntimeID=issued.compass_runtime_id,
+            tenant=issued.tenant,
+            expiresAt=issued.expires_at,
+        )
+
+    @app.get("/healthz", summary="Liveness")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="Readiness: the Kyma cache has synced")
+    async def readyz() -> JSONResponse:
+        ok = ready()
+        return JSONResponse(
+            {"status": "ready" if ok else "not ready"}, status_code=200 if ok else 503
+        )
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

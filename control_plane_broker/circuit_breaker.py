@@ -1,0 +1,78 @@
+"""A circuit breaker as a pure state machine; the clock is passed in, nothing here sleeps.
+
+closed --(threshold consecutive retryable failures)--> open
+open --(open_seconds elapsed, next caller)--> half-open (exactly one probe admitted)
+half-open --success--> closed;  half-open --failure--> open (timer restarts)
+
+Invariants: while open, `admit` refuses every call; in half-open at most one call is in flight.
+Permanent failures are not outages: they count as successes for the breaker.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+
+class State(enum.Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half-open"
+
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    failure_threshold: int
+    open_seconds: float
+
+
+@dataclass(frozen=True)
+class Breaker:
+    state: State = State.CLOSED
+    failures: int = 0
+    opened_at: float = 0.0
+    probe_in_flight: bool = False
+
+
+@dataclass(frozen=True)
+class Admission:
+    allowed: bool
+    retry_after: float = 0.0  # seconds until a call may be admitted, when refused
+
+
+def admit(breaker: Breaker, policy: BreakerPolicy, now: float) -> tuple[Breaker, Admission]:
+    """May a call go out now? Returns the new state and the answer."""
+    if breaker.state is State.CLOSED:
+        return breaker, Admission(allowed=True)
+    if breaker.state is State.OPEN:
+        remaining = breaker.opened_at + policy.open_seconds - now
+        if remaining > 0:
+            return breaker, Admission(allowed=False, retry_after=remaining)
+        return replace(breaker, state=State.HALF_OPEN, probe_in_flight=True), Admission(True)
+    # HALF_OPEN
+    if breaker.probe_in_flight:
+        # The probe decides; until then everybody else waits about one open period.
+        return breaker, Admission(allowed=False, retry_after=policy.open_seconds)
+    return replace(breaker, probe_in_flight=True), Admission(allowed=True)
+
+
+def record_success(breaker: Breaker) -> Breaker:
+    return Breaker()
+
+
+def release_probe(breaker: Breaker) -> Breaker:
+    """The probe ended without a verdict (cancelled): let the next caller probe."""
+    return replace(breaker, probe_in_flight=False)
+
+
+def record_failure(breaker: Breaker, policy: BreakerPolicy, now: float) -> Breaker:
+    """A retryable failure (transport, 5xx, 429, retryable GraphQL codes)."""
+    if breaker.state is State.HALF_OPEN:
+        return Breaker(state=State.OPEN, failures=breaker.failures + 1, opened_at=now)
+    if breaker.state is State.OPEN:
+        # A call admitted before the breaker opened failed late: keep the timer running.
+        return replace(breaker, failures=breaker.failures + 1)
+    failures = breaker.failures + 1
+    if failures >= policy.failure_threshold:
+        return Breaker(state=State.OPEN, failures=failures, opened_at=now)
+    return replace(breaker, failures=failures)

@@ -1,0 +1,1 @@
+"""Talking to Compass Director: GraphQL documents, typed models, OAuth, and the async client."""

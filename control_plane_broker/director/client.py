@@ -1,0 +1,163 @@
+"""A typed async Director client: one GraphQL POST per operation, OAuth and `Tenant` on each.
+
+Holds: every call goes through the guard (breaker + concurrency limit); every failure leaves as
+`DirectorRetryable` or `DirectorPermanent` (see `director.errors`); tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from control_plane_broker.director import documents as docs
+from control_plane_broker.director.errors import DirectorNotFound, DirectorRetryable, classify
+from control_plane_broker.director.guard import DirectorGuard
+from control_plane_broker.director.models import (
+    DirectorRuntime,
+    GraphQLError,
+    OneTimeToken,
+    RuntimePage,
+    RuntimeRegisterInput,
+)
+from control_plane_broker.director.oauth import OAuthTokenSource
+
+PAGE_SIZE = 100  # Director's maximum for `first`
+
+
+def label_query(value: str) -> str:
+    """Director matches `query` by JSON containment: a string label is matched by its JSON form."""
+    return json.dumps(value)
+
+
+class DirectorClient:
+    def __init__(
+        self,
+        *,
+        http: httpx.AsyncClient,
+        url: str,
+        oauth: OAuthTokenSource,
+        guard: DirectorGuard,
+    ) -> None:
+        self._http = http
+        self._url = url
+        self._oauth = oauth
+        self._guard = guard
+
+    async def _execute(
+        self, document: str, variables: dict[str, Any], *, tenant: str, operation: str
+    ) -> dict[str, Any]:
+        async def attempt() -> dict[str, Any]:
+            for second_try in (False, True):
+                token = await self._oauth.token()
+                try:
+                    response = await self._http.post(
+                        self._url,
+                        json={"query": document, "variables": variables},
+                        headers={"Authorization": f"Bearer {token}", "Tenant": tenant},
+                    )
+                except httpx.HTTPError as exc:
+                    raise DirectorRetryable(f"{operation}: {type(exc).__name__}") from exc
+                if response.status_code == 401 and not second_try:
+                    self._oauth.invalidate()  # revoked or expired early: fetch a new one once
+                    continue
+                return self._parse(response, operation)
+            raise AssertionError("unreachable")
+
+        return await self._guard.call(attempt)
+
+    @staticmethod
+    def _parse(response: httpx.Response, operation: str) -> dict[str, Any]:
+        body: Any = None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        errors = (
+            [GraphQLError.model_validate(e) for e in (body or {}).get("errors") or []]
+            if isinstance(body, dict)
+            else []
+        )
+        message = f"{operation}: HTTP {response.status_code}"
+        if errors:
+            message += ": " + "; ".join(e.message[:200] for e in errors[:3])
+        problem = classify(
+            status=response.status_code, codes=[e.code for e in errors], message=message
+        )
+        if problem is not None:
+            raise problem
+        if not isinstance(body, dict) or not isinstance(body.get("data"), dict):
+            raise DirectorRetryable(f"{operation}: answer without data")
+        data: dict[str, Any] = body["data"]
+        return data
+
+    async def runtimes_by_label(
+        self, *, tenant: str, key: str, value: str
+    ) -> list[DirectorRuntime]:
+        found: list[DirectorRuntime] = []
+        after: str | None = None
+        while True:
+            data = await self._execute(
+                docs.RUNTIMES_BY_LABEL,
+                {
+                    "filter": [{"key": key, "query": label_query(value)}],
+                    "first": PAGE_SIZE,
+                    "after": after,
+                },
+                tenant=tenant,
+                operation="runtimes",
+            )
+            page = RuntimePage.model_validate(data["runtimes"])
+            found.extend(page.data)
+            if not page.page_info.has_next_page or not page.page_info.end_cursor:
+                return found
+            after = page.page_info.end_cursor
+
+    async def runtime(self, *, tenant: str, runtime_id: str) -> DirectorRuntime | None:
+        data = await self._execute(
+            docs.RUNTIME, {"id": runtime_id}, tenant=tenant, operation="runtime"
+        )
+        raw = data.get("runtime")
+        return None if raw is None else DirectorRuntime.model_validate(raw)
+
+    async def register_runtime(self, *, tenant: str, spec: RuntimeRegisterInput) -> DirectorRuntime:
+        data = await self._execute(
+            docs.REGISTER_RUNTIME,
+            {"in": spec.model_dump(exclude_none=True)},
+            tenant=tenant,
+            operation="registerRuntime",
+        )
+        return DirectorRuntime.model_validate(data["registerRuntime"])
+
+    async def unregister_runtime(self, *, tenant: str, runtime_id: str) -> bool:
+        """True when unregistered now, False when it was already gone (code 20 counts as done)."""
+        try:
+            await self._execute(
+                docs.UNREGISTER_RUNTIME,
+                {"id": runtime_id},
+                tenant=tenant,
+                operation="unregisterRuntime",
+            )
+        except DirectorNotFound:
+            return False
+        return True
+
+    async def request_one_time_token(self, *, tenant: str, runtime_id: str) -> OneTimeToken:
+        data = await self._execute(
+            docs.REQUEST_OTT,
+            {"id": runtime_id},
+            tenant=tenant,
+            operation="requestOneTimeTokenForRuntime",
+        )
+        return OneTimeToken.model_validate(data["requestOneTimeTokenForRuntime"])
+
+    async def set_runtime_label(
+        self, *, tenant: str, runtime_id: str, key: str, value: Any
+    ) -> None:
+        await self._execute(
+            docs.SET_RUNTIME_LABEL,
+            {"runtimeID": runtime_id, "key": key, "value": value},
+            tenant=tenant,
+            operation="setRuntimeLabel",
+        )

@@ -1,0 +1,72 @@
+"""OAuth2 client credentials for Director: one access token per process, refreshed before expiry.
+
+Holds: concurrent callers share one fetch; the secret and the access token never reach a log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+
+from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
+from control_plane_broker.settings import DirectorCredentials
+
+
+def refresh_at(*, fetched_at: float, expires_in: float) -> float:
+    """Refresh a fifth of the lifetime early (at most 60 s) so no call carries a dying token."""
+    margin = min(60.0, max(0.0, expires_in) / 5)
+    return fetched_at + max(0.0, expires_in - margin)
+
+
+class OAuthTokenSource:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        credentials: DirectorCredentials,
+        *,
+        scope: str,
+        clock: Callable[[], float],
+    ) -> None:
+        self._http = http
+        self._credentials = credentials
+        self._scope = scope
+        self._clock = clock
+        self._token: str | None = None
+        self._refresh_at = 0.0
+        self._lock = asyncio.Lock()
+
+    def invalidate(self) -> None:
+        self._token = None
+
+    async def token(self) -> str:
+        if self._token is not None and self._clock() < self._refresh_at:
+            return self._token
+        async with self._lock:
+            if self._token is not None and self._clock() < self._refresh_at:
+                return self._token
+            self._token, self._refresh_at = await self._fetch()
+            return self._token
+
+    async def _fetch(self) -> tuple[str, float]:
+        started = self._clock()
+        try:
+            response = await self._http.post(
+                self._credentials.tokens_endpoint,
+                data={"grant_type": "client_credentials", "scope": self._scope},
+                auth=(self._credentials.client_id, self._credentials.client_secret),
+            )
+        except httpx.HTTPError as exc:
+            raise DirectorRetryable(f"OAuth token endpoint: {type(exc).__name__}") from exc
+        if response.status_code == 429 or response.status_code >= 500:
+            raise DirectorRetryable(f"OAuth token endpoint: HTTP {response.status_code}")
+        if response.status_code != 200:
+            raise DirectorPermanent(f"OAuth token endpoint refused: HTTP {response.status_code}")
+        try:
+            body = response.json()
+            token = str(body["access_token"])
+            expires_in = float(body.get("expires_in", 300))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DirectorPermanent("OAuth token endpoint: malformed answer") from exc
+        return token, refresh_at(fetched_at=started, expires_in=expires_in)

@@ -1,0 +1,1 @@
+"""Cluster identity: who is asking. Pure checks in `claims`; one adapter per proof mode."""

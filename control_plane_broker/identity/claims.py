@@ -1,0 +1,88 @@
+"""Pure identity checks: no I/O, no clock of their own.
+
+What always holds: a caller is accepted only as a ServiceAccount on the allow-list, with the
+configured audience, before expiry; the functions raise `IdentityNotProven` (401) when the
+proof itself fails and `IdentityForbidden` (403) when it holds but is not allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import jwt
+
+from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
+
+SA_PREFIX = "system:serviceaccount:"
+
+
+@dataclass(frozen=True)
+class Identity:
+    runtime_id: str
+    subject: str  # e.g. system:serviceaccount:kyma-system/compass-agent, or the certificate CN
+    mode: str
+    expires_at: float | None = None
+
+
+def parse_service_account(username: str) -> tuple[str, str]:
+    """`system:serviceaccount:<ns>:<name>` → (ns, name); anything else is not a ServiceAccount."""
+    if not username.startswith(SA_PREFIX):
+        raise IdentityForbidden("the token does not belong to a ServiceAccount", reason="not-sa")
+    namespace, sep, name = username[len(SA_PREFIX) :].partition(":")
+    if not sep or not namespace or not name or ":" in name:
+        raise IdentityForbidden("malformed ServiceAccount name", reason="not-sa")
+    return namespace, name
+
+
+def check_service_account(username: str, allowed: frozenset[tuple[str, str]]) -> tuple[str, str]:
+    namespace, name = parse_service_account(username)
+    if (namespace, name) not in allowed:
+        raise IdentityForbidden(
+            f"ServiceAccount {namespace}/{name} is not allowed", reason="sa-not-allowed"
+        )
+    return namespace, name
+
+
+def check_audience(audiences: Iterable[str], expected: str) -> None:
+    if expected not in set(audiences):
+        raise IdentityNotProven("the token lacks the expected audience", reason="audience")
+
+
+def check_not_expired(expires_at: float | None, now: float, *, leeway: float = 0.0) -> None:
+    if expires_at is not None and expires_at + leeway <= now:
+        raise IdentityNotProven("the token has expired", reason="expired")
+
+
+def unverified_expiry(token: str) -> float | None:
+    """The `exp` claim read without checking the signature: used only to bound cache lifetimes."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return None
+    exp = claims.get("exp")
+    return float(exp) if isinstance(exp, int | float) else None
+
+
+def token_fingerprint(runtime_id: str, token: str) -> str:
+    """Cache key: bound to the runtime, so a verdict for cluster A never serves cluster B."""
+    return hashlib.sha256(f"{runtime_id}\0{token}".encode()).hexdigest()
+
+
+def bearer_token(authorization: str | None) -> str:
+    if not authorization:
+        raise IdentityNotProven("no Authorization header", reason="missing")
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise IdentityNotProven("Authorization is not a bearer token", reason="malformed")
+    if len(token) > 16384:
+        raise IdentityNotProven("bearer token too long", reason="malformed")
+    return token
+
+
+def cache_until(*, now: float, token_expiry: float | None, max_seconds: float) -> float:
+    """A verdict lives until the token expires, and never longer than `max_seconds`."""
+    bound = now + max_seconds
+    return bound if token_expiry is None else min(bound, token_expiry)

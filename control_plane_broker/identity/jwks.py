@@ -1,0 +1,136 @@
+"""Identity by local signature check with the runtime's ServiceAccount issuer keys (OIDC/JWKS).
+
+Keys come from the runtime API server (`/openid/v1/jwks`, issuer from
+`/.well-known/openid-configuration`) through its kubeconfig, or from a configured issuer URL
+(`{runtime_id}` is substituted). An unknown `kid` triggers one refetch, at most every
+`refetch_seconds` per runtime, so garbage tokens cannot make us hammer the cluster.
+RS256 and ES256 only; iss, aud, exp, nbf checked. No call per request once keys are known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import jwt
+
+from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
+from control_plane_broker.identity import claims
+from control_plane_broker.identity.claims import Identity
+from control_plane_broker.kube.client import KubeError
+from control_plane_broker.kube.runtime_access import RuntimeAccess
+from control_plane_broker.model import KymaView
+
+ALGORITHMS = ["RS256", "ES256"]
+
+
+@dataclass
+class _Keys:
+    issuer: str
+    keys: dict[str, jwt.PyJWK]
+    fetched_at: float
+
+
+class JwksVerifier:
+    mode = "jwks"
+
+    def __init__(
+        self,
+        access: RuntimeAccess,
+        *,
+        audience: str,
+        allowed: frozenset[tuple[str, str]],
+        issuer_url: str,
+        http: httpx.AsyncClient,
+        clock: Callable[[], float],
+        refetch_seconds: float = 10.0,
+        leeway: float = 5.0,
+    ) -> None:
+        self._access = access
+        self._audience = audience
+        self._allowed = allowed
+        self._issuer_url = issuer_url
+        self._http = http
+        self._clock = clock
+        self._refetch = refetch_seconds
+        self._leeway = leeway
+        self._keys: dict[str, _Keys] = {}
+
+    async def _fetch(self, kyma: KymaView, runtime_id: str) -> _Keys:
+        try:
+            if self._issuer_url:
+                issuer = self._issuer_url.format(runtime_id=runtime_id)
+                response = await self._http.get(issuer.rstrip("/") + "/openid/v1/jwks")
+                response.raise_for_status()
+                jwks: Any = response.json()
+            else:
+                client = await self._access.client_for(kyma.name)
+                discovery = await client.get("/.well-known/openid-configuration")
+                issuer = str(discovery["issuer"])
+                jwks = await client.get("/openid/v1/jwks")
+        except (httpx.HTTPError, KubeError, KeyError, ValueError) as exc:
+            raise ControlPlaneUnavailable(
+                "cannot fetch the runtime's issuer keys", retry_after=5
+            ) from exc
+        keys: dict[str, jwt.PyJWK] = {}
+        for raw in (jwks or {}).get("keys") or []:
+            try:
+                key = jwt.PyJWK.from_dict(raw)
+            except jwt.PyJWTError:
+                continue  # an algorithm we do not use
+            if key.key_id:
+                keys[key.key_id] = key
+        return _Keys(issuer=issuer, keys=keys, fetched_at=self._clock())
+
+    async def _key_for(self, kyma: KymaView, runtime_id: str, kid: str) -> tuple[str, jwt.PyJWK]:
+        cached = self._keys.get(kyma.name)
+        if cached is None or (
+            kid not in cached.keys and self._clock() - cached.fetched_at >= self._refetch
+        ):
+            cached = await self._fetch(kyma, runtime_id)
+            self._keys[kyma.name] = cached
+        key = cached.keys.get(kid)
+        if key is None:
+            raise IdentityNotProven("token signed by an unknown key", reason="unknown-kid")
+        return cached.issuer, key
+
+    async def verify(
+        self, *, kyma: KymaView, runtime_id: str, headers: Mapping[str, str]
+    ) -> Identity:
+        token = claims.bearer_token(headers.get("authorization"))
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            raise IdentityNotProven("not a JWT", reason="malformed") from exc
+        if header.get("alg") not in ALGORITHMS:
+            raise IdentityNotProven("unsupported signature algorithm", reason="algorithm")
+        issuer, key = await self._key_for(kyma, runtime_id, str(header.get("kid", "")))
+        try:
+            payload = jwt.decode(
+                token,
+                key=key.key,
+                algorithms=ALGORITHMS,
+                audience=self._audience,
+                issuer=issuer,
+                leeway=self._leeway,
+                options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except jwt.ExpiredSignatureError as exc:
+            raise IdentityNotProven("the token has expired", reason="expired") from exc
+        except jwt.InvalidAudienceError as exc:
+            raise IdentityNotProven("wrong audience", reason="audience") from exc
+        except jwt.InvalidIssuerError as exc:
+            raise IdentityNotProven("wrong issuer", reason="issuer") from exc
+        except jwt.PyJWTError as exc:
+            raise IdentityNotProven("token not valid", reason="invalid") from exc
+        subject = str(payload.get("sub", ""))
+        claims.check_service_account(subject, self._allowed)
+        exp = payload.get("exp")
+        return Identity(
+            runtime_id=runtime_id,
+            subject=subject,
+            mode=self.mode,
+            expires_at=float(exp) if isinstance(exp, int | float) else None,
+        )

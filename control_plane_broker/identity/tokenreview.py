@@ -1,0 +1,93 @@
+"""Identity by TokenReview on the runtime's own API server (default mode).
+
+The caller's ServiceAccount token is sent to the API server of the runtime it claims to be
+(found through that runtime's kubeconfig Secret in KCP) with the configured audience. A token of
+another cluster is not valid there, so it cannot pass. Positive verdicts are cached under a hash
+of (runtime ID, token) until the token expires; the token itself is never stored or logged.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+
+from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
+from control_plane_broker.identity import claims
+from control_plane_broker.identity.claims import Identity
+from control_plane_broker.kube.client import KubeError, KubeUnavailable
+from control_plane_broker.kube.runtime_access import RuntimeAccess
+from control_plane_broker.model import KymaView
+
+TOKENREVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
+
+
+class TokenReviewVerifier:
+    mode = "tokenreview"
+
+    def __init__(
+        self,
+        access: RuntimeAccess,
+        *,
+        audience: str,
+        allowed: frozenset[tuple[str, str]],
+        cache_max_seconds: float,
+        clock: Callable[[], float],
+        max_entries: int = 10_000,
+    ) -> None:
+        self._access = access
+        self._audience = audience
+        self._allowed = allowed
+        self._cache_max = cache_max_seconds
+        self._clock = clock
+        self._cache: OrderedDict[str, tuple[float, Identity]] = OrderedDict()
+        self._max = max_entries
+
+    async def verify(
+        self, *, kyma: KymaView, runtime_id: str, headers: Mapping[str, str]
+    ) -> Identity:
+        token = claims.bearer_token(headers.get("authorization"))
+        now = self._clock()
+        key = claims.token_fingerprint(runtime_id, token)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        client = await self._access.client_for(kyma.name)
+        try:
+            review = await client.create(
+                TOKENREVIEW_PATH,
+                {
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenReview",
+                    "spec": {"token": token, "audiences": [self._audience]},
+                },
+            )
+        except KubeUnavailable as exc:
+            raise ControlPlaneUnavailable("runtime API server unreachable", retry_after=5) from exc
+        except KubeError as exc:
+            raise IdentityNotProven(
+                "the runtime API server refused the review", reason="review-refused"
+            ) from exc
+        status = review.get("status") or {}
+        if not status.get("authenticated"):
+            # Expired, wrong audience, another cluster's token, garbage: the server does not
+            # say which, and we do not guess.
+            raise IdentityNotProven("token not valid for this runtime", reason="not-authenticated")
+        claims.check_audience(status.get("audiences") or [], self._audience)
+        username = str((status.get("user") or {}).get("username", ""))
+        claims.check_service_account(username, self._allowed)
+        expiry = claims.unverified_expiry(token)
+        identity = Identity(
+            runtime_id=runtime_id, subject=username, mode=self.mode, expires_at=expiry
+        )
+        self._cache[key] = (
+            claims.cache_until(now=now, token_expiry=expiry, max_seconds=self._cache_max),
+            identity,
+        )
+        self._evict(now)
+        return identity
+
+    def _evict(self, now: float) -> None:
+        while len(self._cache) > self._max:
+            self._cache.popitem(last=False)
+        for key in [k for k, (until, _) in list(self._cache.items())[:64] if until <= now]:
+            del self._cache[key]

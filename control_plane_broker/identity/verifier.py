@@ -1,0 +1,58 @@
+"""The one interface the request path uses to learn who is asking, and its three implementations
+wired by mode. Failures are counted by mode and reason and logged without the token."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Protocol
+
+from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
+from control_plane_broker.identity.claims import Identity
+from control_plane_broker.identity.xfcc import identity_from_xfcc
+from control_plane_broker.metrics import Metrics
+from control_plane_broker.model import KymaView
+
+log = logging.getLogger(__name__)
+
+
+class Verifier(Protocol):
+    mode: str
+
+    async def verify(
+        self, *, kyma: KymaView, runtime_id: str, headers: Mapping[str, str]
+    ) -> Identity: ...
+
+
+class XfccVerifier:
+    mode = "xfcc"
+
+    def __init__(self, *, trusted: bool) -> None:
+        self._trusted = trusted
+
+    async def verify(
+        self, *, kyma: KymaView, runtime_id: str, headers: Mapping[str, str]
+    ) -> Identity:
+        return identity_from_xfcc(headers, runtime_id=runtime_id, trusted=self._trusted)
+
+
+class CountingVerifier:
+    """Wraps a verifier: counts and logs every failure reason (never the proof itself)."""
+
+    def __init__(self, inner: Verifier, metrics: Metrics) -> None:
+        self._inner = inner
+        self._metrics = metrics
+        self.mode = inner.mode
+
+    async def verify(
+        self, *, kyma: KymaView, runtime_id: str, headers: Mapping[str, str]
+    ) -> Identity:
+        try:
+            return await self._inner.verify(kyma=kyma, runtime_id=runtime_id, headers=headers)
+        except (IdentityNotProven, IdentityForbidden) as exc:
+            self._metrics.identity_failures.labels(self.mode, exc.reason).inc()
+            log.info(
+                "identity check failed",
+                extra={"runtime_id": runtime_id, "mode": self.mode, "reason": exc.reason},
+            )
+            raise

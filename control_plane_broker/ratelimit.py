@@ -1,0 +1,56 @@
+"""Per-key token buckets (pure functions over frozen state; the clock is passed in).
+
+A bucket holds at most `burst` tokens and gains `per_second` tokens per second. `take`
+either spends one token or says how long until one is available.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BucketPolicy:
+    burst: int
+    per_second: float
+
+
+@dataclass(frozen=True)
+class Bucket:
+    tokens: float
+    updated_at: float
+
+
+def take(bucket: Bucket | None, policy: BucketPolicy, now: float) -> tuple[Bucket, float | None]:
+    """Returns the new bucket and None when a token was spent, else the seconds to wait."""
+    if bucket is None:
+        bucket = Bucket(tokens=float(policy.burst), updated_at=now)
+    elapsed = max(0.0, now - bucket.updated_at)
+    tokens = min(float(policy.burst), bucket.tokens + elapsed * policy.per_second)
+    if tokens >= 1.0:
+        return Bucket(tokens=tokens - 1.0, updated_at=now), None
+    wait = (1.0 - tokens) / policy.per_second if policy.per_second > 0 else float("inf")
+    return Bucket(tokens=tokens, updated_at=now), wait
+
+
+class RateLimiter:
+    """The thin stateful shell: one bucket per key, idle full buckets forgotten."""
+
+    def __init__(self, policy: BucketPolicy, *, max_keys: int = 100_000) -> None:
+        self._policy = policy
+        self._buckets: dict[str, Bucket] = {}
+        self._max_keys = max_keys
+
+    def try_take(self, key: str, now: float) -> float | None:
+        bucket, wait = take(self._buckets.get(key), self._policy, now)
+        self._buckets[key] = bucket
+        if len(self._buckets) > self._max_keys:
+            self._forget_full(now)
+        return wait
+
+    def _forget_full(self, now: float) -> None:
+        for key, bucket in list(self._buckets.items()):
+            _, wait = take(bucket, self._policy, now)
+            refill = (self._policy.burst - bucket.tokens) / max(self._policy.per_second, 1e-9)
+            if wait is None and now - bucket.updated_at >= refill:
+                del self._buckets[key]

@@ -1,0 +1,1 @@
+"""Exactly-once registration: the mapping record, the pure transition function, the service."""

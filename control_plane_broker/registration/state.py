@@ -1,0 +1,271 @@
+"""The registration record (a `CompassManagerMapping`) and the pure decisions taken on it.
+
+What always holds:
+- A mapping with the label `kyma-project.io/compass-runtime-id` is final: it is adopted as is
+  (also when compass-manager wrote it) and nobody registers that Kyma again.
+- Only the holder of an unexpired claim talks to Director about registering; a claim is taken by
+  create or by update with the observed resourceVersion, so two replicas cannot both win.
+- Before registering, Director is searched by our own label; a hit is recorded, never duplicated.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from control_plane_broker.model import (
+    KYMA_GROUP,
+    LABEL_COMPASS_ID,
+    LABEL_GLOBAL_ACCOUNT,
+    LABEL_KYMA_NAME,
+    LABEL_SUBACCOUNT,
+    MAPPING_VERSION,
+    KymaView,
+)
+
+FINALIZER = "kyma-project.io/cm-protection"
+ANNOTATION_HOLDER = "compass-broker.kyma-project.io/claim-holder"
+ANNOTATION_EXPIRES = "compass-broker.kyma-project.io/claim-expires"
+KIND = "CompassManagerMapping"
+
+
+def to_rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def from_rfc3339(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """A parsed `CompassManagerMapping`; `raw` keeps unknown fields so writes preserve them."""
+
+    name: str
+    resource_version: str
+    compass_id: str | None
+    claim_holder: str | None
+    claim_expires: float | None
+    deleting: bool
+    finalizers: tuple[str, ...]
+    director_labels: dict[str, str]
+    tenant: str | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> Mapping:
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        status = obj.get("status") or {}
+        return cls(
+            name=str(meta.get("name", "")),
+            resource_version=str(meta.get("resourceVersion", "")),
+            compass_id=labels.get(LABEL_COMPASS_ID) or None,
+            claim_holder=annotations.get(ANNOTATION_HOLDER) or None,
+            claim_expires=from_rfc3339(annotations.get(ANNOTATION_EXPIRES)),
+            deleting=bool(meta.get("deletionTimestamp")),
+            finalizers=tuple(meta.get("finalizers") or ()),
+            director_labels={
+                str(k): str(v) for k, v in (status.get("directorLabels") or {}).items()
+            },
+            tenant=labels.get(LABEL_GLOBAL_ACCOUNT) or None,
+            raw=obj,
+        )
+
+
+# --- decisions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Adopt:
+    compass_id: str
+
+
+@dataclass(frozen=True)
+class CreateClaimed:
+    pass
+
+
+@dataclass(frozen=True)
+class TakeClaim:
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    retry_after: float
+
+
+@dataclass(frozen=True)
+class Proceed:
+    """We hold the claim: look up in Director, then register or record."""
+
+    claim_expires: float
+
+
+@dataclass(frozen=True)
+class Refuse:
+    reason: str
+
+
+Decision = Adopt | CreateClaimed | TakeClaim | Wait | Proceed | Refuse
+
+
+def decide(mapping: Mapping | None, *, me: str, now: float) -> Decision:
+    if mapping is None:
+        return CreateClaimed()
+    if mapping.compass_id:
+        return Adopt(mapping.compass_id)
+    if mapping.deleting:
+        return Refuse("mapping is being deleted")
+    expires = mapping.claim_expires or 0.0
+    if mapping.claim_holder and expires > now:
+        if mapping.claim_holder == me:
+            return Proceed(claim_expires=expires)
+        return Wait(retry_after=expires - now)
+    return TakeClaim(resource_version=mapping.resource_version)
+
+
+@dataclass(frozen=True)
+class Register:
+    pass
+
+
+@dataclass(frozen=True)
+class Record:
+    compass_id: str
+    duplicates: tuple[str, ...] = ()
+
+
+def after_lookup(ours: list[str], legacy: list[str]) -> Register | Record:
+    """Found by our label → record it; else found by compass-manager's labels → adopt it; else
+    register. Several hits (left by older tools) → the smallest ID, deterministically."""
+    for found in (ours, legacy):
+        if found:
+            ordered = sorted(set(found))
+            return Record(compass_id=ordered[0], duplicates=tuple(ordered[1:]))
+    return Register()
+
+
+def safe_to_register(*, claim_expires: float, now: float, call_budget: float) -> bool:
+    """Register only if the claim outlives the call: an expired claim lets another replica in."""
+    return claim_expires - now > call_budget
+
+
+# --- desired objects -------------------------------------------------------------------------
+
+
+def new_mapping(
+    kyma: KymaView, *, namespace: str, me: str, now: float, claim_seconds: float
+) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{KYMA_GROUP}/{MAPPING_VERSION}",
+        "kind": KIND,
+        "metadata": {
+            "name": kyma.name,
+            "namespace": namespace,
+            "labels": _labels(kyma),
+            "annotations": {
+                ANNOTATION_HOLDER: me,
+                ANNOTATION_EXPIRES: to_rfc3339(now + claim_seconds),
+            },
+            "finalizers": [FINALIZER],
+        },
+    }
+
+
+def _labels(kyma: KymaView) -> dict[str, str]:
+    labels = {LABEL_KYMA_NAME: kyma.name}
+    for key in (LABEL_GLOBAL_ACCOUNT, LABEL_SUBACCOUNT):
+        if kyma.labels.get(key):
+            labels[key] = kyma.labels[key]
+    return labels
+
+
+def claimed(mapping: Mapping, *, me: str, now: float, claim_seconds: float) -> dict[str, Any]:
+    obj = copy.deepcopy(mapping.raw)
+    meta = obj.setdefault("metadata", {})
+    annotations = meta.setdefault("annotations", {}) or {}
+    annotations[ANNOTATION_HOLDER] = me
+    annotations[ANNOTATION_EXPIRES] = to_rfc3339(now + claim_seconds)
+    meta["annotations"] = annotations
+    finalizers = list(meta.get("finalizers") or [])
+    if FINALIZER not in finalizers:
+        finalizers.append(FINALIZER)
+    meta["finalizers"] = finalizers
+    return obj
+
+
+def recorded(mapping: Mapping, *, compass_id: str) -> dict[str, Any]:
+    """The mapping with the Compass runtime ID recorded and the claim released."""
+    obj = copy.deepcopy(mapping.raw)
+    meta = obj.setdefault("metadata", {})
+    labels = dict(meta.get("labels") or {})
+    labels[LABEL_COMPASS_ID] = compass_id
+    meta["labels"] = labels
+    annotations = dict(meta.get("annotations") or {})
+    annotations.pop(ANNOTATION_HOLDER, None)
+    annotations.pop(ANNOTATION_EXPIRES, None)
+    meta["annotations"] = annotations
+    return obj
+
+
+def without_finalizer(mapping: Mapping) -> dict[str, Any]:
+    obj = copy.deepcopy(mapping.raw)
+    meta = obj.setdefault("metadata", {})
+    meta["finalizers"] = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+    return obj
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+def set_condition(
+    conditions: list[dict[str, Any]],
+    *,
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: float,
+) -> list[dict[str, Any]]:
+    """Upserts a condition; `lastTransitionTime` changes only when the status flips."""
+    value = "True" if status else "False"
+    out = []
+    found = False
+    for cond in conditions:
+        if cond.get("type") == type_:
+            found = True
+            flipped = cond.get("status") != value
+            out.append(
+                {
+                    "type": type_,
+                    "status": value,
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": to_rfc3339(now)
+                    if flipped
+                    else cond.get("lastTransitionTime", to_rfc3339(now)),
+                }
+            )
+        else:
+            out.append(cond)
+    if not found:
+        out.append(
+            {
+                "type": type_,
+                "status": value,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": to_rfc3339(now),
+            }
+        )
+    return out

@@ -1,0 +1,186 @@
+"""The broker's configuration: one settings object, read from `BROKER_*` environment variables.
+
+Every field has a default that is safe for production except the Director endpoint and
+credentials, which must be given. `docs/broker.md` lists every field; a test keeps them in sync.
+Settings are passed down explicitly; nothing reads the environment after start-up.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+IdentityMode = Literal["tokenreview", "jwks", "xfcc"]
+ModulePolicy = Literal["required", "ignored"]
+DisabledPolicy = Literal["keep", "unregister"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BROKER_", extra="ignore", frozen=True)
+
+    # --- Compass Director --------------------------------------------------------------------
+    director_url: str = Field(
+        default="", description="Director GraphQL endpoint, e.g. https://compass/director/graphql."
+    )
+    director_credentials_file: Path | None = Field(
+        default=None,
+        description="File in compass-manager's format `data: {client_id, client_secret, "
+        "tokens_endpoint}` (YAML or JSON).",
+    )
+    director_timeout_seconds: float = Field(
+        default=10.0, description="Timeout of one Director call."
+    )
+    director_max_concurrency: int = Field(
+        default=8, description="Global limit of Director calls in flight per replica."
+    )
+    director_queue_timeout_seconds: float = Field(
+        default=5.0, description="How long a request waits for a Director slot before 503."
+    )
+    director_scope: str = Field(
+        default="runtime:read runtime:write", description="OAuth scope requested."
+    )
+    managed_by_label_value: str = Field(
+        default="compass-manager",
+        description="Value of Director label `director_connection_managed_by` (kept as "
+        "compass-manager set it, so existing selectors keep matching).",
+    )
+    runtime_id_label: str = Field(
+        default="kyma_runtime_id",
+        description="Director label holding the Kyma runtime ID; looked up before registering.",
+    )
+
+    # --- identity ----------------------------------------------------------------------------
+    identity_mode: IdentityMode = Field(
+        default="tokenreview", description="How callers prove their cluster: tokenreview|jwks|xfcc."
+    )
+    audience: str = Field(
+        default="compass-broker",
+        description="Audience the caller's ServiceAccount token must carry.",
+    )
+    allowed_service_accounts: str = Field(
+        default="kyma-system/compass-agent",
+        description="Comma-separated `namespace/name` ServiceAccounts allowed to ask.",
+    )
+    jwks_issuer_url: str = Field(
+        default="",
+        description="jwks mode: fixed issuer base URL (`<url>/openid/v1/jwks`); empty = fetch "
+        "through the runtime kubeconfig and accept the cluster's own issuer.",
+    )
+    xfcc_trusted: bool = Field(
+        default=False,
+        description="xfcc mode: trust `X-Forwarded-Client-Cert` (only behind the gateway).",
+    )
+    identity_cache_max_seconds: float = Field(
+        default=600.0, description="Upper bound for caching a positive TokenReview verdict."
+    )
+    runtime_access_cache_seconds: float = Field(
+        default=300.0, description="How long a runtime kubeconfig read from KCP is reused."
+    )
+
+    # --- policy ------------------------------------------------------------------------------
+    module_name: str = Field(default="application-connector", description="Module that must be on.")
+    module_policy: ModulePolicy = Field(
+        default="required",
+        description="`required`: module must be in spec.modules or status.modules; `ignored`.",
+    )
+    module_disabled_policy: DisabledPolicy = Field(
+        default="keep",
+        description="When the module is turned off: keep the Director registration or unregister.",
+    )
+
+    # --- limits ------------------------------------------------------------------------------
+    rate_limit_burst: int = Field(default=5, description="Token issues per runtime in a burst.")
+    rate_limit_per_minute: float = Field(
+        default=6.0, description="Sustained token issues per runtime per minute."
+    )
+    breaker_failure_threshold: int = Field(
+        default=5, description="Consecutive retryable Director failures that open the breaker."
+    )
+    breaker_open_seconds: float = Field(
+        default=30.0, description="How long the breaker stays open before one probe."
+    )
+    retry_after_jitter_seconds: float = Field(
+        default=5.0, description="Random extra seconds added to Retry-After."
+    )
+    registration_claim_seconds: float = Field(
+        default=60.0, description="Lifetime of a registration claim; a crashed holder's expires."
+    )
+
+    # --- Kubernetes / control plane ----------------------------------------------------------
+    kcp_namespace: str = Field(
+        default="kcp-system", description="Namespace of Kyma CRs and mappings."
+    )
+    sweep_interval_seconds: float = Field(
+        default=300.0, description="Period of the reconciler's full sweep over mappings."
+    )
+    leader_election: bool = Field(default=True, description="Run the reconciler only as leader.")
+    lease_name: str = Field(
+        default="compass-broker-leader", description="Lease for leader election."
+    )
+    lease_namespace: str = Field(default="kcp-system", description="Namespace of the Lease.")
+    lease_duration_seconds: float = Field(default=15.0, description="Lease duration.")
+    lease_renew_seconds: float = Field(default=5.0, description="Lease renew period.")
+    reconciler_enabled: bool = Field(default=True, description="Run the reconciler at all.")
+
+    # --- server ------------------------------------------------------------------------------
+    host: str = Field(default="0.0.0.0", description="Listen address.")  # noqa: S104 (a server)
+    port: int = Field(default=8080, description="Listen port (0 = any free port, logged).")
+    log_level: str = Field(default="INFO", description="Log level.")
+    test_crash_point: Literal["", "after-register"] = Field(
+        default="",
+        description="TEST ONLY: `after-register` exits the process right after Director "
+        "registered a runtime and before the mapping records it.",
+    )
+
+    def allowed_service_account_set(self) -> frozenset[tuple[str, str]]:
+        out: set[tuple[str, str]] = set()
+        for raw in self.allowed_service_accounts.split(","):
+            item = raw.strip()
+            if not item:
+                continue
+            namespace, _, name = item.partition("/")
+            if not namespace or not name:
+                raise ValueError(f"allowed service account {item!r} is not namespace/name")
+            out.add((namespace, name))
+        return frozenset(out)
+
+
+@dataclass(frozen=True)
+class DirectorCredentials:
+    client_id: str
+    client_secret: str
+    tokens_endpoint: str
+
+    def __repr__(self) -> str:  # the secret must never reach a log line
+        return f"DirectorCredentials(client_id={self.client_id!r}, tokens_endpoint=...)"
+
+
+def load_director_credentials(path: Path) -> DirectorCredentials:
+    """Reads compass-manager's file: `data: {client_id, client_secret, tokens_endpoint}`.
+
+    YAML is a superset of JSON, so one parser reads both. Values are plain strings: a mounted
+    Secret is already decoded.
+    """
+    text = path.read_text()
+    doc = yaml.safe_load(text) if text.strip() else None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a mapping")
+    data = doc.get("data", doc)
+    if isinstance(data, str):  # a JSON document embedded as a string
+        data = json.loads(data)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: `data` is not a mapping")
+    missing = [k for k in ("client_id", "client_secret", "tokens_endpoint") if not data.get(k)]
+    if missing:
+        raise ValueError(f"{path}: missing {', '.join(missing)}")
+    return DirectorCredentials(
+        client_id=str(data["client_id"]),
+        client_secret=str(data["client_secret"]),
+        tokens_endpoint=str(data["tokens_endpoint"]),
+    )
