@@ -1,0 +1,189 @@
+"""The broker client's outcome mapping and its retry loop, on httpx's MockTransport."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.broker_client import BrokerClient
+from agent.identity import IdentityError, ServiceAccountIdentity
+from agent.outcomes import Issued, Outcome, Refused, Temporary
+from agent.retry import Jitter, RetryPolicy
+
+NOW = datetime(2025, 1, 1, 12, tzinfo=UTC)
+TOKEN_BODY = {
+    "token": "ott-secret-value",
+    "connectorURL": "https://connector.example/graphql",
+    "compassRuntimeID": "c-1",
+    "tenant": "ga-1",
+    "expiresAt": "2025-01-01T13:00:00Z",
+}
+
+
+class StaticIdentity:
+    def __init__(self, value: str | None = "Bearer sa-token") -> None:
+        self.value = value
+
+    async def authorization(self) -> str | None:
+        return self.value
+
+
+def problem(status: int, kind: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.Response(
+        status,
+        headers={"Content-Type": "application/problem+json", **(headers or {})},
+        content=json.dumps({"type": kind, "title": kind, "detail": "why"}).encode(),
+    )
+
+
+def make_client(
+    handler: httpx.MockTransport, sleeps: list[float], identity: object = None
+) -> BrokerClient:
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    return BrokerClient(
+        base_url="https://broker.test/",
+        identity=identity or StaticIdentity(),  # type: ignore[arg-type]
+        policy=RetryPolicy(base=1.0, factor=2.0, cap=8.0, jitter=Jitter.NONE),
+        timeout=5.0,
+        transport=handler,
+        clock=lambda: NOW,
+        sleep=sleep,
+    )
+
+
+async def test_issued_carries_all_fields_and_hides_the_token() -> None:
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(201, json=TOKEN_BODY)
+
+    client = make_client(httpx.MockTransport(handle), [])
+    outcome = await client.request_once("Rt/1")
+    await client.aclose()
+    assert isinstance(outcome, Issued)
+    assert outcome.token == "ott-secret-value"
+    assert outcome.connector_url == TOKEN_BODY["connectorURL"]
+    assert outcome.compass_runtime_id == "c-1"
+    assert outcome.tenant == "ga-1"
+    assert outcome.expires_at == datetime(2025, 1, 1, 13, tzinfo=UTC)
+    assert outcome.issued_at == NOW
+    assert "ott-secret-value" not in repr(outcome)
+    assert seen[0].method == "POST"
+    assert seen[0].url.raw_path == b"/v1/runtimes/Rt%2F1/token"
+    assert seen[0].headers["Authorization"] == "Bearer sa-token"
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 409, 400])
+async def test_permanent_statuses_are_refusals(status: int) -> None:
+    client = make_client(httpx.MockTransport(lambda r: problem(status, f"urn:x:{status}")), [])
+    outcome = await client.request_once("rt")
+    await client.aclose()
+    assert outcome == Refused(status=status, reason=f"urn:x:{status}", detail="why")
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        (
+            problem(503, "urn:unavailable", {"Retry-After": "17"}),
+            Temporary("urn:unavailable", 503, 17.0),
+        ),
+        (problem(429, "urn:slow-down", {"Retry-After": "3"}), Temporary("urn:slow-down", 429, 3.0)),
+        (problem(500, "urn:oops"), Temporary("urn:oops", 500, None)),
+        (httpx.Response(201, content=b"not json"), Temporary("malformed token response", 201)),
+        (httpx.Response(302), Temporary("unexpected status 302", 302)),
+    ],
+)
+async def test_temporary_statuses(response: httpx.Response, expected: Temporary) -> None:
+    client = make_client(httpx.MockTransport(lambda r: response), [])
+    outcome = await client.request_once("rt")
+    await client.aclose()
+    assert outcome == expected
+
+
+async def test_transport_error_is_temporary_without_details() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    client = make_client(httpx.MockTransport(handle), [])
+    outcome = await client.request_once("rt")
+    await client.aclose()
+    assert outcome == Temporary(reason="transport: ConnectError")
+
+
+async def test_pull_retries_temporary_with_growing_backoff_and_retry_after() -> None:
+    answers = iter(
+        [
+            problem(500, "a"),
+            problem(500, "b"),
+            problem(503, "c", {"Retry-After": "30"}),
+            problem(500, "d"),
+            problem(500, "e"),
+            problem(500, "f"),
+            httpx.Response(201, json=TOKEN_BODY),
+        ]
+    )
+    sleeps: list[float] = []
+    outcomes: list[Outcome] = []
+    client = make_client(httpx.MockTransport(lambda r: next(answers)), sleeps)
+    result = await client.pull("rt", on_attempt=outcomes.append)
+    await client.aclose()
+    assert isinstance(result, Issued)
+    # base 1, factor 2, cap 8; Retry-After 30 beats the 4 s step; then capped at 8.
+    assert sleeps == [1.0, 2.0, 30.0, 8.0, 8.0, 8.0]
+    assert [type(o).__name__ for o in outcomes] == ["Temporary"] * 6 + ["Issued"]
+
+
+async def test_pull_stops_at_a_refusal() -> None:
+    calls = 0
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return problem(500, "x") if calls == 1 else problem(403, "urn:forbidden")
+
+    sleeps: list[float] = []
+    client = make_client(httpx.MockTransport(handle), sleeps)
+    result = await client.pull("rt")
+    await client.aclose()
+    assert result == Refused(403, "urn:forbidden", "why")
+    assert calls == 2
+    assert sleeps == [1.0]
+
+
+async def test_identity_failure_is_temporary_and_sends_nothing(tmp_path: Path) -> None:
+    calls = 0
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return httpx.Response(201, json=TOKEN_BODY)
+
+    identity = ServiceAccountIdentity(
+        token_file=tmp_path / "absent", requester=None, clock=lambda: NOW
+    )
+    client = make_client(httpx.MockTransport(handle), [], identity)
+    outcome = await client.request_once("rt")
+    await client.aclose()
+    assert isinstance(outcome, Temporary)
+    assert outcome.reason.startswith("identity:")
+    assert calls == 0
+
+
+async def test_token_file_is_reread_for_every_request(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    identity = ServiceAccountIdentity(token_file=path, requester=None, clock=lambda: NOW)
+    path.write_text("first\n")
+    assert await identity.authorization() == "Bearer first"
+    path.write_text("rotated")
+    assert await identity.authorization() == "Bearer rotated"
+    path.unlink()
+    with pytest.raises(IdentityError):
+        await identity.authorization()

@@ -1,0 +1,168 @@
+"""`decide.plan`: every rule, table-driven, on plain data with a fixed clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from agent.decide import Action, Observed, Plan, Reason, Refusal, Rules, plan
+from agent.model import Connection, TokenRecord
+from agent.retry import RetryPolicy
+
+NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+MIN = timedelta(minutes=1)
+RULES = Rules(
+    handover_grace=5 * MIN,
+    connection_grace=10 * MIN,
+    refusal_cadence=10 * MIN,
+    delete_secret_on_disable=True,
+    spacing=RetryPolicy(base=2.0, factor=2.0, cap=60.0),
+)
+
+
+def token(
+    *, issued: timedelta | None, expires: timedelta | None, managed: bool = True
+) -> TokenRecord:
+    """A secret's record; `issued`/`expires` are offsets from NOW (negative: in the past)."""
+    return TokenRecord(
+        managed=managed,
+        issued_at=None if issued is None else NOW + issued,
+        expires_at=None if expires is None else NOW + expires,
+        compass_runtime_id="c-1",
+    )
+
+
+FRESH = token(issued=-1 * MIN, expires=59 * MIN)
+OLD_VALID = token(issued=-20 * MIN, expires=40 * MIN)
+EXPIRED = token(issued=-70 * MIN, expires=-10 * MIN)
+FOREIGN = token(issued=None, expires=None, managed=False)
+
+
+def conn(state: str | None) -> Connection:
+    return Connection(state=state, error=None)
+
+
+def obs(**changes: object) -> Observed:
+    base = Observed(
+        now=NOW,
+        module_enabled=True,
+        runtime_id="rt-1",
+        secret=None,
+        connection=None,
+        fingerprint="fp-1",
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+CASES: list[tuple[str, Observed, Plan]] = [
+    # 1. module disabled
+    ("disabled, our secret: delete", obs(module_enabled=False, secret=FRESH),
+     Plan(Action.DELETE_SECRET, Reason.MODULE_DISABLED)),
+    ("disabled, foreign secret: leave it", obs(module_enabled=False, secret=FOREIGN),
+     Plan(Action.IDLE, Reason.MODULE_DISABLED)),
+    ("disabled, no secret: idle", obs(module_enabled=False),
+     Plan(Action.IDLE, Reason.MODULE_DISABLED)),
+    ("disabled wins over failed connection", obs(module_enabled=False, secret=EXPIRED, connection=conn("ConnectionFailed")),
+     Plan(Action.DELETE_SECRET, Reason.MODULE_DISABLED)),
+    # 2. runtime id
+    ("no runtime id: idle", obs(runtime_id=None),
+     Plan(Action.IDLE, Reason.NO_RUNTIME_ID)),
+    # 4. no secret
+    ("enabled, no secret: pull", obs(),
+     Plan(Action.PULL, Reason.NO_SECRET)),
+    ("no secret, stale Connected: still pull", obs(connection=conn("Connected")),
+     Plan(Action.PULL, Reason.NO_SECRET)),
+    # 5. healthy
+    ("connected: idle (restart asks for nothing)", obs(secret=EXPIRED, connection=conn("Connected")),
+     Plan(Action.IDLE, Reason.CONNECTION_HEALTHY)),
+    ("synchronized: idle", obs(secret=OLD_VALID, connection=conn("Synchronized")),
+     Plan(Action.IDLE, Reason.CONNECTION_HEALTHY)),
+    ("foreign secret, connected: idle", obs(secret=FOREIGN, connection=conn("Synchronized")),
+     Plan(Action.IDLE, Reason.CONNECTION_HEALTHY)),
+    # 6. ConnectionFailed
+    ("failed + expired token: pull", obs(secret=EXPIRED, connection=conn("ConnectionFailed")),
+     Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_STALE)),
+    ("failed + handed over long ago: pull", obs(secret=OLD_VALID, connection=conn("ConnectionFailed")),
+     Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_STALE)),
+    ("failed + foreign secret without record: pull", obs(secret=FOREIGN, connection=conn("ConnectionFailed")),
+     Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_STALE)),
+    ("failed + fresh token: wait for the handover grace", obs(secret=FRESH, connection=conn("ConnectionFailed")),
+     Plan(Action.WAIT, Reason.CONNECTION_FAILED_TOKEN_FRESH, NOW + 4 * MIN)),
+    ("failed + fresh token expiring first: wait until expiry",
+     obs(secret=token(issued=-1 * MIN, expires=2 * MIN), connection=conn("ConnectionFailed")),
+     Plan(Action.WAIT, Reason.CONNECTION_FAILED_TOKEN_FRESH, NOW + 2 * MIN)),
+    ("failed at exactly the grace boundary: pull",
+     obs(secret=token(issued=-5 * MIN, expires=55 * MIN), connection=conn("ConnectionFailed")),
+     Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_STALE)),
+    # 7. other failures
+    ("synchronization failed: idle", obs(secret=EXPIRED, connection=conn("SynchronizationFailed")),
+     Plan(Action.IDLE, Reason.CONNECTION_OTHER_FAILURE)),
+    ("maintenance failed: idle", obs(secret=EXPIRED, connection=conn("ConnectionMaintenanceFailed")),
+     Plan(Action.IDLE, Reason.CONNECTION_OTHER_FAILURE)),
+    # 8. no CompassConnection
+    ("no connection, grace over, expired: pull", obs(secret=EXPIRED),
+     Plan(Action.PULL, Reason.NO_CONNECTION_TOKEN_EXPIRED)),
+    ("no connection, grace over, still valid: wait until expiry", obs(secret=OLD_VALID),
+     Plan(Action.WAIT, Reason.WAITING_FOR_CONNECTION, NOW + 40 * MIN)),
+    ("no connection, expired but grace running: wait for grace",
+     obs(secret=token(issued=-3 * MIN, expires=-1 * MIN)),
+     Plan(Action.WAIT, Reason.WAITING_FOR_CONNECTION, NOW + 7 * MIN)),
+    ("no connection, fresh: wait for the later of both", obs(secret=FRESH),
+     Plan(Action.WAIT, Reason.WAITING_FOR_CONNECTION, NOW + 59 * MIN)),
+    ("connection without state counts as none", obs(secret=EXPIRED, connection=conn(None)),
+     Plan(Action.PULL, Reason.NO_CONNECTION_TOKEN_EXPIRED)),
+    ("no connection, foreign secret: pull", obs(secret=FOREIGN),
+     Plan(Action.PULL, Reason.NO_CONNECTION_TOKEN_EXPIRED)),
+    # 3. refusals
+    ("refused recently, nothing changed: wait for the cadence",
+     obs(last_refusal=Refusal(403, "forbidden", NOW - 3 * MIN, "fp-1")),
+     Plan(Action.WAIT, Reason.REFUSED_RECENTLY, NOW + 7 * MIN)),
+    ("refused recently, watched inputs changed: pull",
+     obs(last_refusal=Refusal(403, "forbidden", NOW - 3 * MIN, "fp-0")),
+     Plan(Action.PULL, Reason.NO_SECRET)),
+    ("refused long ago: pull again on the slow cadence",
+     obs(last_refusal=Refusal(404, "not-found", NOW - 10 * MIN, "fp-1")),
+     Plan(Action.PULL, Reason.NO_SECRET)),
+    ("refusal does not block non-pull plans",
+     obs(secret=FRESH, connection=conn("Connected"), last_refusal=Refusal(403, "x", NOW, "fp-1")),
+     Plan(Action.IDLE, Reason.CONNECTION_HEALTHY)),
+    # 3b. spacing between successful pulls
+    ("pulled 1 s ago (streak 1): wait out 2 s", obs(last_pull_at=NOW - timedelta(seconds=1), pull_streak=1),
+     Plan(Action.WAIT, Reason.PULL_SPACING, NOW + timedelta(seconds=1))),
+    ("pulled often (streak 4): spacing grows to 16 s",
+     obs(last_pull_at=NOW - timedelta(seconds=10), pull_streak=4),
+     Plan(Action.WAIT, Reason.PULL_SPACING, NOW + timedelta(seconds=6))),
+    ("spacing over: pull", obs(last_pull_at=NOW - timedelta(seconds=3), pull_streak=1),
+     Plan(Action.PULL, Reason.NO_SECRET)),
+    ("streak reset: no spacing", obs(last_pull_at=NOW, pull_streak=0),
+     Plan(Action.PULL, Reason.NO_SECRET)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("observed", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_plan(observed: Observed, expected: Plan) -> None:
+    assert plan(observed, RULES) == expected
+
+
+def test_policy_keeps_secret_when_told() -> None:
+    rules = replace(RULES, delete_secret_on_disable=False)
+    assert plan(obs(module_enabled=False, secret=FRESH), rules) == Plan(
+        Action.IDLE, Reason.MODULE_DISABLED_SECRET_KEPT
+    )
+
+
+def test_every_reason_is_reachable() -> None:
+    seen = {c[2].reason for c in CASES} | {Reason.MODULE_DISABLED_SECRET_KEPT}
+    assert seen == set(Reason)
+
+
+def test_wait_is_always_in_the_future() -> None:
+    for _, observed, _expected in CASES:
+        result = plan(observed, RULES)
+        if result.action is Action.WAIT:
+            assert result.until is not None
+            assert result.until > observed.now
