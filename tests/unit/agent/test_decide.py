@@ -1,5 +1,7 @@
 """`decide.plan`: every rule, table-driven, on plain data with a fixed clock."""
 
+# ruff: noqa: E501 - one table row per line reads better than wrapped rows
+
 from __future__ import annotations
 
 from dataclasses import replace

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from datetime import UTC, datetime
 
 import pytest
@@ -89,9 +91,6 @@ def test_parse_retry_after(header: str | None, expected: float | None) -> None:
 
 
 def test_module_imports_no_io_libraries() -> None:
-    import subprocess
-    import sys
-
     code = (
         "import sys, agent.retry, agent.decide, agent.model, agent.outcomes; "
         "bad = [m for m in ('httpx', 'kubernetes') if m in sys.modules]; "
