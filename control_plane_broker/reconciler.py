@@ -1,0 +1,267 @@
+"""The leader's reconciler: unregisters runtimes whose Kyma is gone, syncs Director labels.
+
+Level-based: a watch event or the periodic sweep only queues a Kyma name; reconciling re-reads
+the mapping and the cached Kyma and acts on what it sees (`plan` is pure). Holds:
+- a mapping is removed only after its runtime is unregistered (not found counts as done), so a
+  runtime is never orphaned by the broker; the finalizer `kyma-project.io/cm-protection` keeps
+  anyone else from removing the mapping first;
+- while a live claim exists (a registration in flight) nothing is removed;
+- only the leader acts; failures retry per key with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from control_plane_broker.director.client import DirectorClient
+from control_plane_broker.errors import BrokerError
+from control_plane_broker.kube.client import Conflict, KubeError
+from control_plane_broker.kube.events import EventRecorder
+from control_plane_broker.kube.kyma_cache import KymaCache
+from control_plane_broker.kube.mappings import MappingRepository
+from control_plane_broker.metrics import Metrics
+from control_plane_broker.model import KymaView
+from control_plane_broker.policy import module_enabled
+from control_plane_broker.registration import naming, state
+from control_plane_broker.registration.state import Mapping
+from control_plane_broker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Unregister:
+    reason: str  # kyma-deleted | mapping-deleted | module-disabled
+
+
+@dataclass(frozen=True)
+class SyncLabels:
+    changes: dict[str, str]
+    desired: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Requeue:
+    after: float
+
+
+@dataclass(frozen=True)
+class Nothing:
+    pass
+
+
+Action = Unregister | SyncLabels | Requeue | Nothing
+
+
+def plan(
+    mapping: Mapping,
+    kyma: KymaView | None,
+    *,
+    now: float,
+    module: str,
+    module_required: bool,
+    disabled_policy: str,
+    desired_labels: dict[str, str] | None,
+) -> Action:
+    if mapping.claim_holder and (mapping.claim_expires or 0.0) > now:
+        return Requeue(after=(mapping.claim_expires or now) - now + 0.5)
+    if mapping.deleting:
+        return Unregister("mapping-deleted")
+    if kyma is None or kyma.deleting:
+        return Unregister("kyma-deleted")
+    if module_required and disabled_policy == "unregister" and not module_enabled(kyma, module):
+        return Unregister("module-disabled")
+    if mapping.compass_id and desired_labels is not None:
+        changes = naming.label_changes(desired_labels, mapping.director_labels)
+        if changes:
+            return SyncLabels(changes=changes, desired=desired_labels)
+    return Nothing()
+
+
+def backoff(failures: int, *, base: float = 1.0, cap: float = 300.0) -> float:
+    return float(min(cap, base * 2 ** max(0, failures - 1)))
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        cache: KymaCache,
+        repo: MappingRepository,
+        director: DirectorClient,
+        events: EventRecorder,
+        metrics: Metrics,
+        leading: Callable[[], bool],
+        clock: Callable[[], float],
+    ) -> None:
+        self._s = settings
+        self._cache = cache
+        self._repo = repo
+        self._director = director
+        self._events = events
+        self._metrics = metrics
+        self._leading = leading
+        self._clock = clock
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._failures: dict[str, int] = {}
+        cache.add_listener(self.enqueue)
+
+    def enqueue(self, name: str) -> None:
+        if name not in self._queued:
+            self._queued.add(name)
+            self._queue.put_nowait(name)
+
+    def _enqueue_later(self, name: str, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, self.enqueue, name)
+
+    async def sweep(self) -> None:
+        """Queues every mapping: finds those whose Kyma vanished while no broker ran."""
+        for mapping in await self._repo.list():
+            self.enqueue(mapping.name)
+
+    async def run_sweeps(self) -> None:
+        was_leading = False
+        next_sweep = 0.0
+        while True:
+            leading = self._leading()
+            if leading and self._cache.synced and (not was_leading or self._clock() >= next_sweep):
+                try:
+                    await self.sweep()
+                except KubeError as exc:
+                    log.warning("sweep failed", extra={"error": str(exc)})
+                next_sweep = self._clock() + self._s.sweep_interval_seconds
+            was_leading = leading and self._cache.synced
+            await asyncio.sleep(0.5)
+
+    async def run_worker(self) -> None:
+        while True:
+            name = await self._queue.get()
+            self._queued.discard(name)
+            if not self._leading() or not self._cache.synced:
+                continue  # the leader's first sweep covers whatever is skipped here
+            try:
+                await self.reconcile(name)
+                self._failures.pop(name, None)
+            except (BrokerError, KubeError) as exc:
+                count = self._failures.get(name, 0) + 1
+                self._failures[name] = count
+                delay = backoff(count)
+                log.warning(
+                    "reconcile failed, retrying",
+                    extra={"kyma": name, "error": str(exc), "retry_in": delay},
+                )
+                self._enqueue_later(name, delay)
+
+    async def reconcile(self, name: str) -> None:
+        mapping = await self._repo.get(name)
+        if mapping is None:
+            return
+        kyma = self._cache.get(name)
+        desired = (
+            naming.director_labels(
+                kyma,
+                managed_by=self._s.managed_by_label_value,
+                runtime_id_label=self._s.runtime_id_label,
+            )
+            if kyma is not None
+            else None
+        )
+        action = plan(
+            mapping,
+            kyma,
+            now=self._clock(),
+            module=self._s.module_name,
+            module_required=self._s.module_policy == "required",
+            disabled_policy=self._s.module_disabled_policy,
+            desired_labels=desired,
+        )
+        match action:
+            case Requeue(after=after):
+                self._enqueue_later(name, after)
+            case Unregister(reason=reason):
+                await self._unregister(mapping, kyma, reason)
+            case SyncLabels(changes=changes, desired=desired_now):
+                await self._sync_labels(mapping, kyma, changes, desired_now)
+            case Nothing():
+                pass
+
+    async def _unregister(self, mapping: Mapping, kyma: KymaView | None, reason: str) -> None:
+        tenant = mapping.tenant or (kyma.tenant if kyma else None)
+        ids = [mapping.compass_id] if mapping.compass_id else []
+        if not ids and tenant:
+            # Never recorded: a crashed registration may still have created it. Find it by label.
+            runtime_id = kyma.runtime_id if kyma else mapping.name
+            found = await self._director.runtimes_by_label(
+                tenant=tenant, key=self._s.runtime_id_label, value=runtime_id
+            )
+            ids = [r.id for r in found]
+        if ids and not tenant:
+            log.error("cannot unregister: mapping has no tenant", extra={"kyma": mapping.name})
+            return
+        for compass_id in ids:
+            assert tenant is not None
+            removed = await self._director.unregister_runtime(tenant=tenant, runtime_id=compass_id)
+            log.info(
+                "unregistered runtime",
+                extra={
+                    "kyma": mapping.name,
+                    "compass_id": compass_id,
+                    "reason": reason,
+                    "existed": removed,
+                },
+            )
+            self._metrics.unregistrations.labels(reason).inc()
+        await self._events.record(
+            kyma_name=mapping.name,
+            kyma_uid=kyma.uid if kyma else "",
+            reason="RuntimeUnregistered",
+            message=f"unregistered from Compass ({reason})",
+        )
+        current = mapping
+        for _ in range(5):
+            try:
+                if state.FINALIZER in current.finalizers:
+                    current = await self._repo.replace(state.without_finalizer(current))
+                await self._repo.delete(mapping.name)
+                return
+            except Conflict:
+                fresh = await self._repo.get(mapping.name)
+                if fresh is None:
+                    return
+                current = fresh
+        raise Conflict("mapping kept changing while removing it")
+
+    async def _sync_labels(
+        self,
+        mapping: Mapping,
+        kyma: KymaView | None,
+        changes: dict[str, str],
+        desired: dict[str, str],
+    ) -> None:
+        tenant = mapping.tenant or (kyma.tenant if kyma else None)
+        assert mapping.compass_id is not None
+        if not tenant:
+            return
+        for key, value in changes.items():
+            await self._director.set_runtime_label(
+                tenant=tenant, runtime_id=mapping.compass_id, key=key, value=value
+            )
+            self._metrics.labels_synced.inc()
+        conditions = list((mapping.raw.get("status") or {}).get("conditions") or [])
+        conditions = state.set_condition(
+            conditions,
+            type_="LabelsSynced",
+            status=True,
+            reason="LabelsSynced",
+            message=f"{len(changes)} Director label(s) written",
+            now=self._clock(),
+        )
+        await self._repo.patch_status(
+            mapping.name, {"directorLabels": desired, "conditions": conditions}
+        )
+        log.info("director labels synced", extra={"kyma": mapping.name, "keys": sorted(changes)})
