@@ -1,0 +1,302 @@
+"""The Director client against httpx.MockTransport: OAuth caching, Tenant header, error
+classification, breaker and concurrency guard, paging; GraphQL documents against the real schema."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from control_plane_broker import circuit_breaker as cb
+from control_plane_broker.director import documents
+from control_plane_broker.director.client import DirectorClient
+from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
+from control_plane_broker.director.guard import DirectorGuard
+from control_plane_broker.director.models import RuntimeRegisterInput
+from control_plane_broker.director.oauth import OAuthTokenSource, refresh_at
+from control_plane_broker.errors import CompassUnavailable
+from control_plane_broker.settings import DirectorCredentials, load_director_credentials
+from control_plane_broker.singleflight import SingleFlight
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SCHEMA = REPO_ROOT.parent / "shared" / "compass-api" / "director.graphql"
+CREDS = DirectorCredentials("cid", "csecret", "https://oauth.test/oauth/token")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeDirector:
+    """Answers by operation name; records what it was sent."""
+
+    def __init__(self) -> None:
+        self.oauth_calls = 0
+        self.calls: list[dict[str, Any]] = []
+        self.answers: list[httpx.Response | Exception] = []
+        self.expires_in = 300
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/oauth/token":
+            self.oauth_calls += 1
+            assert request.headers["Authorization"].startswith("Basic ")
+            assert b"grant_type=client_credentials" in request.content
+            return httpx.Response(
+                200, json={"access_token": f"at-{self.oauth_calls}", "expires_in": self.expires_in}
+            )
+        body = json.loads(request.content)
+        self.calls.append({"headers": dict(request.headers), **body})
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def make(
+    fake: FakeDirector, clock: Clock, *, threshold: int = 3, max_concurrency: int = 4
+) -> tuple[DirectorClient, DirectorGuard, httpx.AsyncClient]:
+    http = httpx.AsyncClient(transport=httpx.MockTransport(fake.handler))
+    guard = DirectorGuard(
+        policy=cb.BreakerPolicy(failure_threshold=threshold, open_seconds=10),
+        max_concurrency=max_concurrency,
+        queue_timeout=0.2,
+        clock=clock,
+    )
+    oauth = OAuthTokenSource(http, CREDS, scope="runtime:read runtime:write", clock=clock)
+    return (
+        DirectorClient(http=http, url="https://director.test/graphql", oauth=oauth, guard=guard),
+        guard,
+        http,
+    )
+
+
+def ok(data: dict[str, Any]) -> httpx.Response:
+    return httpx.Response(200, json={"data": data})
+
+
+def gql_error(code: int) -> httpx.Response:
+    return httpx.Response(
+        200, json={"data": None, "errors": [{"message": "x", "extensions": {"error_code": code}}]}
+    )
+
+
+async def test_token_cached_and_tenant_header_sent() -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    fake.answers = [
+        ok(
+            {
+                "requestOneTimeTokenForRuntime": {
+                    "token": "ott",
+                    "connectorURL": "c",
+                    "used": False,
+                    "expiresAt": "t",
+                }
+            }
+        )
+    ] * 2
+    ott = await client.request_one_time_token(tenant="ga-1", runtime_id="r1")
+    await client.request_one_time_token(tenant="ga-1", runtime_id="r1")
+    assert ott.token == "ott"
+    assert "ott" not in repr(ott)
+    assert fake.oauth_calls == 1
+    assert fake.calls[0]["headers"]["tenant"] == "ga-1"
+    assert fake.calls[0]["headers"]["authorization"] == "Bearer at-1"
+    assert fake.calls[0]["variables"] == {"id": "r1"}
+    # refreshed before expiry: at 300 s lifetime the margin is 60 s
+    clock.now += 241
+    fake.answers = [ok({"requestOneTimeTokenForRuntime": {"token": "o", "connectorURL": "c"}})]
+    await client.request_one_time_token(tenant="ga-1", runtime_id="r1")
+    assert fake.oauth_calls == 2
+    await http.aclose()
+
+
+def test_refresh_at() -> None:
+    assert refresh_at(fetched_at=0, expires_in=3600) == 3540
+    assert refresh_at(fetched_at=0, expires_in=100) == 80
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (httpx.Response(503), DirectorRetryable),
+        (httpx.Response(429), DirectorRetryable),
+        (httpx.ConnectError("boom"), DirectorRetryable),
+        (gql_error(10), DirectorRetryable),
+        (gql_error(35), DirectorRetryable),
+        (gql_error(22), DirectorPermanent),
+        (gql_error(25), DirectorPermanent),
+    ],
+)
+async def test_errors_classified(
+    answer: httpx.Response | Exception, error: type[Exception]
+) -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    fake.answers = [answer]
+    with pytest.raises(error):
+        await client.register_runtime(tenant="t", spec=RuntimeRegisterInput(name="n"))
+    await http.aclose()
+
+
+async def test_unregister_missing_runtime_counts_as_done() -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    fake.answers = [gql_error(20), ok({"unregisterRuntime": {"id": "r"}})]
+    assert await client.unregister_runtime(tenant="t", runtime_id="r") is False
+    assert await client.unregister_runtime(tenant="t", runtime_id="r") is True
+    await http.aclose()
+
+
+async def test_breaker_opens_and_makes_no_call_until_probe() -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, guard, http = make(fake, clock, threshold=2)
+    fake.answers = [httpx.Response(502), httpx.Response(502)]
+    for _ in range(2):
+        with pytest.raises(DirectorRetryable):
+            await client.runtime(tenant="t", runtime_id="r")
+    assert guard.state is cb.State.OPEN
+    sent = len(fake.calls)
+    with pytest.raises(CompassUnavailable) as info:
+        await client.runtime(tenant="t", runtime_id="r")
+    assert not isinstance(info.value, DirectorRetryable)
+    assert info.value.retry_after == pytest.approx(10)
+    assert len(fake.calls) == sent  # nothing left the process
+    clock.now += 10
+    fake.answers = [ok({"runtime": None})]
+    assert await client.runtime(tenant="t", runtime_id="r") is None
+    assert guard.state is cb.State.CLOSED
+    await http.aclose()
+
+
+async def test_permanent_errors_do_not_open_the_breaker() -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, guard, http = make(fake, clock, threshold=1)
+    fake.answers = [gql_error(22)]
+    with pytest.raises(DirectorPermanent):
+        await client.runtime(tenant="t", runtime_id="r")
+    assert guard.state is cb.State.CLOSED
+    await http.aclose()
+
+
+async def test_concurrency_limit_bounds_calls_in_flight() -> None:
+    in_flight = peak = 0
+    release = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, peak
+        if request.url.path == "/oauth/token":
+            return httpx.Response(200, json={"access_token": "a", "expires_in": 300})
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await release.wait()
+        in_flight -= 1
+        return ok({"runtime": None})
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    guard = DirectorGuard(
+        policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=10),
+        max_concurrency=2,
+        queue_timeout=5,
+        clock=Clock(),
+    )
+    oauth = OAuthTokenSource(http, CREDS, scope="s", clock=Clock())
+    client = DirectorClient(http=http, url="https://d/graphql", oauth=oauth, guard=guard)
+    tasks = [asyncio.create_task(client.runtime(tenant="t", runtime_id="r")) for _ in range(6)]
+    await asyncio.sleep(0.1)
+    assert peak == 2
+    release.set()
+    await asyncio.gather(*tasks)
+    assert peak == 2
+    await http.aclose()
+
+
+async def test_runtimes_by_label_pages_and_filters_by_json_value() -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    page = {
+        "pageInfo": {"hasNextPage": True, "endCursor": "c1"},
+        "data": [{"id": "a", "name": "n"}],
+    }
+    last = {
+        "pageInfo": {"hasNextPage": False, "endCursor": "c2"},
+        "data": [{"id": "b", "name": "n"}],
+    }
+    fake.answers = [ok({"runtimes": page}), ok({"runtimes": last})]
+    found = await client.runtimes_by_label(tenant="t", key="kyma_runtime_id", value="RT-1")
+    assert [r.id for r in found] == ["a", "b"]
+    assert fake.calls[0]["variables"]["filter"] == [{"key": "kyma_runtime_id", "query": '"RT-1"'}]
+    assert fake.calls[0]["variables"]["first"] == 100
+    assert fake.calls[1]["variables"]["after"] == "c1"
+    await http.aclose()
+
+
+async def test_single_flight_shares_one_execution() -> None:
+    flights: SingleFlight[int] = SingleFlight()
+    runs = 0
+
+    async def work() -> int:
+        nonlocal runs
+        runs += 1
+        await asyncio.sleep(0.05)
+        return 42
+
+    results = await asyncio.gather(*(flights.do("k", work) for _ in range(50)))
+    assert results == [42] * 50
+    assert runs == 1
+    assert not flights.in_flight("k")
+
+
+def test_documents_valid_against_director_schema() -> None:
+    if not SCHEMA.exists():
+        pytest.skip(
+            f"Director schema not found at ../shared/compass-api/director.graphql ({SCHEMA})"
+        )
+    from graphql import build_schema, parse, validate
+
+    schema = build_schema(SCHEMA.read_text())
+    for name, text in documents.ALL_DOCUMENTS.items():
+        problems = validate(schema, parse(text))
+        assert not problems, f"{name}: {problems}"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "data:\n  client_id: cid\n  client_secret: csecret\n  tokens_endpoint: https://o/t\n",
+        json.dumps(
+            {
+                "data": {
+                    "client_id": "cid",
+                    "client_secret": "csecret",
+                    "tokens_endpoint": "https://o/t",
+                }
+            }
+        ),
+    ],
+)
+def test_credentials_file_formats(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "creds"
+    path.write_text(text)
+    creds = load_director_credentials(path)
+    assert (creds.client_id, creds.client_secret, creds.tokens_endpoint) == (
+        "cid",
+        "csecret",
+        "https://o/t",
+    )
+    assert "csecret" not in repr(creds)
+
+
+def test_credentials_file_missing_field(tmp_path: Path) -> None:
+    path = tmp_path / "creds"
+    path.write_text("data: {client_id: a}\n")
+    with pytest.raises(ValueError, match="client_secret"):
+        load_director_credentials(path)

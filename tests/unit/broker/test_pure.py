@@ -1,0 +1,588 @@
+"""Table-driven tests of the broker's pure decisions: breaker, rate limit, claims, naming,
+transitions, policy, problems, XFCC parsing, error classification, reconcile plan, lease."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from control_plane_broker import circuit_breaker as cb
+from control_plane_broker import errors
+from control_plane_broker.api.problems import TYPE_PREFIX, problem_for
+from control_plane_broker.director.errors import (
+    DirectorNotFound,
+    DirectorPermanent,
+    DirectorRetryable,
+    classify,
+)
+from control_plane_broker.identity import claims, xfcc
+from control_plane_broker.kube.lease import lease_free
+from control_plane_broker.logs import redact
+from control_plane_broker.model import KymaView
+from control_plane_broker.policy import check_token_allowed, validate_runtime_id
+from control_plane_broker.ratelimit import BucketPolicy, take
+from control_plane_broker.reconciler import Nothing, Requeue, SyncLabels, Unregister, backoff, plan
+from control_plane_broker.registration import naming, state
+from control_plane_broker.retry import retry_after_seconds
+
+POLICY = cb.BreakerPolicy(failure_threshold=3, open_seconds=10.0)
+
+
+# --- circuit breaker -------------------------------------------------------------------------
+
+
+def test_breaker_opens_after_threshold_consecutive_failures() -> None:
+    b = cb.Breaker()
+    for i in range(2):
+        b = cb.record_failure(b, POLICY, now=float(i))
+        assert b.state is cb.State.CLOSED
+    b = cb.record_failure(b, POLICY, now=5.0)
+    assert b.state is cb.State.OPEN
+    b2, adm = cb.admit(b, POLICY, now=6.0)
+    assert not adm.allowed
+    assert adm.retry_after == pytest.approx(9.0)
+    assert b2 == b
+
+
+def test_breaker_success_resets_the_consecutive_count() -> None:
+    b = cb.record_failure(cb.record_failure(cb.Breaker(), POLICY, 0), POLICY, 0)
+    b = cb.record_success(b)
+    b = cb.record_failure(b, POLICY, 1)
+    assert b.state is cb.State.CLOSED
+    assert b.failures == 1
+
+
+@pytest.mark.parametrize(
+    ("probe_ok", "end_state"), [(True, cb.State.CLOSED), (False, cb.State.OPEN)]
+)
+def test_breaker_half_open_admits_exactly_one_probe(probe_ok: bool, end_state: cb.State) -> None:
+    b = cb.Breaker(state=cb.State.OPEN, failures=3, opened_at=0.0)
+    b, first = cb.admit(b, POLICY, now=10.0)
+    assert first.allowed
+    assert b.state is cb.State.HALF_OPEN
+    b, second = cb.admit(b, POLICY, now=10.1)
+    assert not second.allowed
+    b = cb.record_success(b) if probe_ok else cb.record_failure(b, POLICY, now=11.0)
+    assert b.state is end_state
+    if not probe_ok:
+        assert b.opened_at == 11.0  # the timer restarts
+
+
+def test_breaker_released_probe_lets_the_next_caller_probe() -> None:
+    b = cb.Breaker(state=cb.State.HALF_OPEN, probe_in_flight=True)
+    b = cb.release_probe(b)
+    _, adm = cb.admit(b, POLICY, now=0)
+    assert adm.allowed
+
+
+# --- rate limit and Retry-After ----------------------------------------------------------------
+
+
+def test_bucket_allows_burst_then_waits_for_refill() -> None:
+    policy = BucketPolicy(burst=2, per_second=0.5)
+    bucket, wait = take(None, policy, now=0.0)
+    assert wait is None
+    bucket, wait = take(bucket, policy, now=0.0)
+    assert wait is None
+    bucket, wait = take(bucket, policy, now=0.0)
+    assert wait == pytest.approx(2.0)
+    bucket, wait = take(bucket, policy, now=2.0)
+    assert wait is None
+
+
+@pytest.mark.parametrize(
+    ("base", "jitter", "rand", "expected"),
+    [(0.0, 0.0, 0.0, 1), (2.2, 0.0, 0.9, 3), (2.0, 5.0, 0.5, 5), (30.0, 5.0, 0.999, 35)],
+)
+def test_retry_after_is_whole_seconds_with_jitter(
+    base: float, jitter: float, rand: float, expected: int
+) -> None:
+    assert retry_after_seconds(base, jitter_max=jitter, rand=lambda: rand) == expected
+
+
+# --- claims -----------------------------------------------------------------------------------
+
+ALLOWED = frozenset({("kyma-system", "compass-agent")})
+
+
+@pytest.mark.parametrize(
+    ("username", "error"),
+    [
+        ("system:serviceaccount:kyma-system:compass-agent", None),
+        ("system:serviceaccount:default:compass-agent", errors.IdentityForbidden),
+        ("system:serviceaccount:kyma-system:other", errors.IdentityForbidden),
+        ("admin", errors.IdentityForbidden),
+        ("system:serviceaccount:kyma-system", errors.IdentityForbidden),
+        ("system:serviceaccount:a:b:c", errors.IdentityForbidden),
+    ],
+)
+def test_service_account_allow_list(username: str, error: type[Exception] | None) -> None:
+    if error is None:
+        assert claims.check_service_account(username, ALLOWED) == ("kyma-system", "compass-agent")
+    else:
+        with pytest.raises(error):
+            claims.check_service_account(username, ALLOWED)
+
+
+def test_audience_and_expiry() -> None:
+    claims.check_audience(["x", "compass-broker"], "compass-broker")
+    with pytest.raises(errors.IdentityNotProven):
+        claims.check_audience(["https://kubernetes.default.svc"], "compass-broker")
+    claims.check_not_expired(100.0, now=99.0)
+    with pytest.raises(errors.IdentityNotProven):
+        claims.check_not_expired(100.0, now=100.0)
+
+
+@pytest.mark.parametrize(
+    ("header", "ok"),
+    [
+        ("Bearer abc", True),
+        ("bearer abc", True),
+        ("Basic abc", False),
+        ("Bearer ", False),
+        (None, False),
+    ],
+)
+def test_bearer_token(header: str | None, ok: bool) -> None:
+    if ok:
+        assert claims.bearer_token(header) == "abc"
+    else:
+        with pytest.raises(errors.IdentityNotProven):
+            claims.bearer_token(header)
+
+
+def _jwt(payload: dict[str, object]) -> str:
+    def part(obj: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'RS256'})}.{part(payload)}.sig"
+
+
+def test_cache_lifetime_bound_by_token_expiry_and_maximum() -> None:
+    assert claims.unverified_expiry(_jwt({"exp": 1234})) == 1234.0
+    assert claims.unverified_expiry("garbage") is None
+    assert claims.cache_until(now=0, token_expiry=50, max_seconds=600) == 50
+    assert claims.cache_until(now=0, token_expiry=5000, max_seconds=600) == 600
+    assert claims.cache_until(now=0, token_expiry=None, max_seconds=600) == 600
+
+
+def test_fingerprint_binds_runtime_and_hides_token() -> None:
+    a = claims.token_fingerprint("rt-a", "secret-token")
+    assert a != claims.token_fingerprint("rt-b", "secret-token")
+    assert "secret-token" not in a
+
+
+# --- XFCC -------------------------------------------------------------------------------------
+
+
+def test_xfcc_uses_the_last_element_and_matches_cn() -> None:
+    header = (
+        'By=spiffe://a;Subject="CN=evil";URI=x,'
+        'By=spiffe://gw;Hash=abc;Subject="O=Kyma,CN=RT-1,OU=x";URI='
+    )
+    ident = xfcc.identity_from_xfcc(
+        {"x-forwarded-client-cert": header}, runtime_id="rt-1", trusted=True
+    )
+    assert ident.runtime_id == "rt-1"
+    with pytest.raises(errors.IdentityForbidden):
+        xfcc.identity_from_xfcc(
+            {"x-forwarded-client-cert": header}, runtime_id="rt-2", trusted=True
+        )
+
+
+@pytest.mark.parametrize(
+    ("headers", "trusted"),
+    [
+        ({"x-forwarded-client-cert": 'Subject="CN=rt-1"'}, False),
+        ({}, True),
+        ({"x-forwarded-client-cert": 'Subject="O=x"'}, True),
+    ],
+)
+def test_xfcc_not_proven(headers: dict[str, str], trusted: bool) -> None:
+    with pytest.raises(errors.IdentityNotProven):
+        xfcc.identity_from_xfcc(headers, runtime_id="rt-1", trusted=trusted)
+
+
+def test_xfcc_quoted_separators() -> None:
+    elements = xfcc.split_elements('Subject="CN=a,O=b;c";URI=u')
+    assert elements == [{"subject": "CN=a,O=b;c", "uri": "u"}]
+
+
+# --- naming -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shoot", "runtime_id", "expected"),
+    [
+        ("c-12ab34", "x", "c-12ab34"),
+        ("My_Shoot!!Name", "x", "my-shoot-name"),
+        (None, "8F0E2B6C-1234-4ABC-9DEF-0123456789AB", "kyma-8f0e2b6c-1234-4abc-9def-0123456"),
+        ("123abc", "x", "kyma-123abc"),
+        ("a" * 50, "x", "a" * 36),
+        ("---", "", "kyma-runtime"),
+        ("ab" + "-" * 40 + "c", "x", "ab-c"),
+    ],
+)
+def test_derive_name_is_valid_for_director(
+    shoot: str | None, runtime_id: str, expected: str
+) -> None:
+    name = naming.derive_name(shoot_name=shoot, runtime_id=runtime_id)
+    assert name == expected
+    assert naming.is_valid_name(name)
+    assert len(name) <= 36
+
+
+def _kyma(**labels: str) -> KymaView:
+    return KymaView(
+        name="rt-1", namespace="kcp-system", uid="u", resource_version="1", labels=labels
+    )
+
+
+def test_director_labels_keep_compass_manager_set_and_add_ours() -> None:
+    kyma = _kyma(
+        **{
+            "kyma-project.io/runtime-id": "RT-1",
+            "kyma-project.io/global-account-id": "ga",
+            "kyma-project.io/subaccount-id": "sa",
+            "kyma-project.io/shoot-name": "c-1",
+            "kyma-project.io/instance-id": "inst",
+            "kyma-project.io/broker-plan-id": "pid",
+            "kyma-project.io/broker-plan-name": "azure",
+        }
+    )
+    labels = naming.director_labels(
+        kyma, managed_by="compass-manager", runtime_id_label="kyma_runtime_id"
+    )
+    assert labels == {
+        "director_connection_managed_by": "compass-manager",
+        "kyma_runtime_id": "RT-1",
+        "broker_instance_id": "inst",
+        "gardenerClusterName": "c-1",
+        "global_subaccount_id": "sa",
+        "global_account_id": "ga",
+        "broker_plan_id": "pid",
+        "broker_plan_name": "azure",
+    }
+    assert all(naming.is_valid_label_key(k) for k in labels)
+    assert naming.label_changes(labels, {**labels, "broker_plan_name": "aws"}) == {
+        "broker_plan_name": "azure"
+    }
+    assert naming.label_changes(labels, labels) == {}
+
+
+# --- registration transitions -------------------------------------------------------------------
+
+
+def _mapping(
+    *,
+    compass_id: str | None = None,
+    holder: str | None = None,
+    expires: float | None = None,
+    deleting: bool = False,
+) -> state.Mapping:
+    return state.Mapping(
+        name="rt-1",
+        resource_version="7",
+        compass_id=compass_id,
+        claim_holder=holder,
+        claim_expires=expires,
+        deleting=deleting,
+        finalizers=(state.FINALIZER,),
+        director_labels={},
+        tenant="ga",
+        raw={"metadata": {"name": "rt-1", "resourceVersion": "7"}},
+    )
+
+
+@pytest.mark.parametrize(
+    ("mapping", "expected"),
+    [
+        (None, state.CreateClaimed()),
+        (_mapping(compass_id="c-1"), state.Adopt("c-1")),
+        (_mapping(compass_id="c-1", holder="other", expires=200), state.Adopt("c-1")),
+        (_mapping(deleting=True), state.Refuse("mapping is being deleted")),
+        (_mapping(holder="other", expires=130), state.Wait(retry_after=30)),
+        (_mapping(holder="me", expires=130), state.Proceed(claim_expires=130)),
+        (_mapping(holder="other", expires=90), state.TakeClaim("7")),
+        (_mapping(holder="me", expires=90), state.TakeClaim("7")),
+        (_mapping(), state.TakeClaim("7")),
+    ],
+)
+def test_decide(mapping: state.Mapping | None, expected: state.Decision) -> None:
+    assert state.decide(mapping, me="me", now=100.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("ours", "legacy", "expected"),
+    [
+        ([], [], state.Register()),
+        (["b"], [], state.Record("b")),
+        (["c", "a", "b"], ["z"], state.Record("a", duplicates=("b", "c"))),
+        ([], ["z"], state.Record("z")),
+    ],
+)
+def test_after_lookup(ours: list[str], legacy: list[str], expected: object) -> None:
+    assert state.after_lookup(ours, legacy) == expected
+
+
+def test_safe_to_register_needs_claim_time_for_the_call() -> None:
+    assert state.safe_to_register(claim_expires=100, now=50, call_budget=35)
+    assert not state.safe_to_register(claim_expires=100, now=70, call_budget=35)
+
+
+def test_mapping_round_trip_claim_and_record() -> None:
+    kyma = _kyma(**{"kyma-project.io/global-account-id": "ga"})
+    obj = state.new_mapping(kyma, namespace="kcp-system", me="me", now=0, claim_seconds=60)
+    obj["metadata"]["resourceVersion"] = "1"
+    m = state.Mapping.from_object(obj)
+    assert (m.claim_holder, m.claim_expires, m.compass_id, m.tenant) == ("me", 60.0, None, "ga")
+    assert state.FINALIZER in m.finalizers
+    rec = state.Mapping.from_object(state.recorded(m, compass_id="c-9"))
+    assert rec.compass_id == "c-9"
+    assert rec.claim_holder is None
+    assert rec.resource_version == "1"  # the write is conditional on what was read
+    assert state.FINALIZER not in state.Mapping.from_object(state.without_finalizer(rec)).finalizers
+
+
+def test_condition_transition_time_changes_only_on_flip() -> None:
+    c1 = state.set_condition([], type_="Registered", status=True, reason="r", message="m", now=0)
+    c2 = state.set_condition(c1, type_="Registered", status=True, reason="r2", message="m", now=100)
+    assert c2[0]["lastTransitionTime"] == c1[0]["lastTransitionTime"]
+    assert c2[0]["reason"] == "r2"
+    c3 = state.set_condition(c2, type_="Registered", status=False, reason="r", message="m", now=100)
+    assert c3[0]["lastTransitionTime"] != c1[0]["lastTransitionTime"]
+
+
+# --- policy -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("runtime_id", "ok"),
+    [
+        ("8F0E2B6C-1234-4ABC-9DEF-0123456789AB", True),
+        ("a", True),
+        ("a" * 63, True),
+        ("a" * 64, False),
+        ("-abc", False),
+        ('abc"}', False),
+        ("abc/def", False),
+        ("", False),
+        ("abc_def", False),
+    ],
+)
+def test_runtime_id_validation(runtime_id: str, ok: bool) -> None:
+    if ok:
+        assert validate_runtime_id(runtime_id) == runtime_id.lower()
+    else:
+        with pytest.raises(errors.MalformedRequest):
+            validate_runtime_id(runtime_id)
+
+
+GA = {"kyma-project.io/global-account-id": "ga"}
+
+
+@pytest.mark.parametrize(
+    ("kyma", "required", "error"),
+    [
+        (None, True, errors.RuntimeNotFound),
+        (
+            KymaView(
+                "k",
+                "ns",
+                "u",
+                "1",
+                GA,
+                deleting=True,
+                spec_modules=frozenset({"application-connector"}),
+            ),
+            True,
+            errors.KymaDeleting,
+        ),
+        (KymaView("k", "ns", "u", "1", GA), True, errors.ModuleNotEnabled),
+        (KymaView("k", "ns", "u", "1", GA), False, None),
+        (
+            KymaView("k", "ns", "u", "1", GA, spec_modules=frozenset({"application-connector"})),
+            True,
+            None,
+        ),
+        (
+            KymaView("k", "ns", "u", "1", GA, status_modules=frozenset({"application-connector"})),
+            True,
+            None,
+        ),
+        (
+            KymaView("k", "ns", "u", "1", {}, spec_modules=frozenset({"application-connector"})),
+            True,
+            errors.KymaIncomplete,
+        ),
+    ],
+)
+def test_token_policy(kyma: KymaView | None, required: bool, error: type[Exception] | None) -> None:
+    if error is None:
+        assert (
+            check_token_allowed(kyma, module="application-connector", module_required=required)
+            is kyma
+        )
+    else:
+        with pytest.raises(error):
+            check_token_allowed(kyma, module="application-connector", module_required=required)
+
+
+# --- problems ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", errors.ALL_ERRORS)
+def test_every_error_maps_to_one_status_and_type(cls: type[errors.BrokerError]) -> None:
+    if issubclass(cls, errors.IdentityNotProven | errors.IdentityForbidden):
+        exc: errors.BrokerError = cls("m", reason="r")
+    elif issubclass(cls, errors.TemporaryError):
+        exc = cls("m", retry_after=2.0)
+    else:
+        exc = cls("m")
+    p = problem_for(exc, instance="/x", jitter_max=3.0, rand=lambda: 0.5)
+    assert p.status == cls.status
+    assert p.body["type"] == TYPE_PREFIX + cls.slug
+    assert p.body["status"] == cls.status
+    if cls.status in (429, 503):
+        assert p.headers["Retry-After"] == "4"  # ceil(2.0 + 0.5*3)
+    else:
+        assert "Retry-After" not in p.headers
+
+
+def test_problem_types_are_distinct_and_statuses_as_documented() -> None:
+    assert len({c.slug for c in errors.ALL_ERRORS}) == len(errors.ALL_ERRORS)
+    statuses = {c.__name__: c.status for c in errors.ALL_ERRORS}
+    assert statuses["MalformedRequest"] == 400
+    assert statuses["IdentityNotProven"] == 401
+    assert statuses["IdentityForbidden"] == 403
+    assert statuses["RuntimeNotFound"] == 404
+    assert statuses["ModuleNotEnabled"] == statuses["KymaDeleting"] == 409
+    assert statuses["RateLimited"] == 429
+    assert statuses["CompassUnavailable"] == 503
+
+
+# --- Director error classification ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "codes", "expected"),
+    [
+        (None, [], DirectorRetryable),
+        (500, [], DirectorRetryable),
+        (502, [], DirectorRetryable),
+        (429, [], DirectorRetryable),
+        (200, [10], DirectorRetryable),
+        (200, [28], DirectorRetryable),
+        (200, [32], DirectorRetryable),
+        (200, [35], DirectorRetryable),
+        (200, [20], DirectorNotFound),
+        (200, [21], DirectorPermanent),
+        (200, [22], DirectorPermanent),
+        (200, [26], DirectorPermanent),
+        (200, [None], DirectorPermanent),
+        (400, [], DirectorPermanent),
+        (200, [], type(None)),
+    ],
+)
+def test_classify(status: int | None, codes: list[int | None], expected: type) -> None:
+    assert type(classify(status=status, codes=codes, message="m")) is expected
+
+
+# --- reconcile plan ------------------------------------------------------------------------------
+
+_AC = frozenset({"application-connector"})
+
+
+@pytest.mark.parametrize(
+    ("mapping", "kyma", "disabled", "expected"),
+    [
+        (_mapping(compass_id="c"), None, "keep", Unregister("kyma-deleted")),
+        (
+            _mapping(compass_id="c"),
+            KymaView("rt-1", "n", "u", "1", GA, deleting=True, spec_modules=_AC),
+            "keep",
+            Unregister("kyma-deleted"),
+        ),
+        (
+            _mapping(compass_id="c", deleting=True),
+            KymaView("rt-1", "n", "u", "1", GA, spec_modules=_AC),
+            "keep",
+            Unregister("mapping-deleted"),
+        ),
+        (_mapping(holder="x", expires=200), None, "keep", Requeue(after=100.5)),
+        (
+            _mapping(compass_id="c"),
+            KymaView("rt-1", "n", "u", "1", GA),
+            "unregister",
+            Unregister("module-disabled"),
+        ),
+        (
+            _mapping(compass_id="c"),
+            KymaView("rt-1", "n", "u", "1", GA),
+            "keep",
+            SyncLabels({"k": "v"}, {"k": "v"}),
+        ),
+        (_mapping(), KymaView("rt-1", "n", "u", "1", GA, spec_modules=_AC), "keep", Nothing()),
+    ],
+)
+def test_reconcile_plan(
+    mapping: state.Mapping, kyma: KymaView | None, disabled: str, expected: object
+) -> None:
+    got = plan(
+        mapping,
+        kyma,
+        now=100.0,
+        module="application-connector",
+        module_required=True,
+        disabled_policy=disabled,
+        desired_labels={"k": "v"} if kyma else None,
+    )
+    assert got == expected
+
+
+def test_backoff_doubles_up_to_cap() -> None:
+    assert [backoff(n, base=1, cap=5) for n in (1, 2, 3, 4)] == [1, 2, 4, 5]
+
+
+# --- lease -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "free"),
+    [
+        ({}, True),
+        ({"holderIdentity": "me", "renewTime": "2024-01-01T00:00:00.000000Z"}, True),
+        (
+            {
+                "holderIdentity": "x",
+                "renewTime": "1970-01-01T00:01:30.000000Z",
+                "leaseDurationSeconds": 15,
+            },
+            True,
+        ),
+        (
+            {
+                "holderIdentity": "x",
+                "renewTime": "1970-01-01T00:01:30.000000Z",
+                "leaseDurationSeconds": 60,
+            },
+            False,
+        ),
+    ],
+)
+def test_lease_free(spec: dict[str, object], free: bool) -> None:
+    assert lease_free(spec, me="me", now=120.0) is free
+
+
+# --- logs ----------------------------------------------------------------------------------------
+
+
+def test_redact_masks_jwts_and_bearer_values() -> None:
+    text = (
+        'token eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl and "Authorization: Bearer s3cr3t"'
+    )
+    out = redact(text)
+    assert "eyJhbGciOiJSUzI1NiJ9" not in out
+    assert "s3cr3t" not in out
