@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from graphql import build_schema, parse, validate
 
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director import documents
@@ -260,8 +261,6 @@ def test_documents_valid_against_director_schema() -> None:
         pytest.skip(
             f"Director schema not found at ../shared/compass-api/director.graphql ({SCHEMA})"
         )
-    from graphql import build_schema, parse, validate
-
     schema = build_schema(SCHEMA.read_text())
     for name, text in documents.ALL_DOCUMENTS.items():
         problems = validate(schema, parse(text))
