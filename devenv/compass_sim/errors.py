@@ -1,0 +1,120 @@
+"""Compass error codes and the errors the simulator's resolvers raise.
+
+Error tree:
+
+    SimulatorError                  root; never leaves the simulator as a Python exception
+    ├── DirectorError(code, ...)    one GraphQL error entry with
+    │                               extensions {"error_code": <int>, "error": "<Name>"}
+    └── ConnectorError(kind, ...)   one GraphQL error entry with extensions {"error": kind}
+
+Codes and messages follow Director's `apperrors` package: the message is the
+default text of the code, followed by sorted `[key=value; ...]` arguments.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+__all__ = ["ConnectorError", "DirectorError", "ErrorCode", "SimulatorError"]
+
+
+class ErrorCode(IntEnum):
+    """Director's `extensions.error_code` values."""
+
+    INTERNAL_ERROR = 10
+    UNKNOWN_ERROR = 11
+    NOT_FOUND = 20
+    NOT_UNIQUE = 21
+    INVALID_DATA = 22
+    INSUFFICIENT_SCOPES = 23
+    TENANT_REQUIRED = 24
+    TENANT_NOT_FOUND = 25
+    UNAUTHORIZED = 26
+    INVALID_OPERATION = 27
+    OPERATION_TIMEOUT = 28
+    EMPTY_DATA = 29
+    INCONSISTENT_DATA = 30
+    NOT_UNIQUE_NAME = 31
+    CONCURRENT_OPERATION = 32
+    INVALID_STATUS_CONDITION = 33
+    CANNOT_UPDATE_OBJECT_IN_MANY_BUNDLES = 34
+    CONCURRENT_UPDATE = 35
+
+    @property
+    def error_name(self) -> str:
+        """The `extensions.error` string, e.g. "InvalidData"."""
+        return "".join(part.capitalize() for part in self.name.split("_"))
+
+    @property
+    def default_message(self) -> str:
+        return _DEFAULT_MESSAGES[self]
+
+
+_DEFAULT_MESSAGES: dict[ErrorCode, str] = {
+    ErrorCode.INTERNAL_ERROR: "Internal Server Error",
+    ErrorCode.UNKNOWN_ERROR: "Unknown error",
+    ErrorCode.NOT_FOUND: "Object not found",
+    ErrorCode.NOT_UNIQUE: "Object is not unique",
+    ErrorCode.INVALID_DATA: "Invalid data",
+    ErrorCode.INSUFFICIENT_SCOPES: "insufficient scopes provided",
+    ErrorCode.TENANT_REQUIRED: "Tenant is required",
+    ErrorCode.TENANT_NOT_FOUND: "Tenant not found",
+    ErrorCode.UNAUTHORIZED: "Unauthorized",
+    ErrorCode.INVALID_OPERATION: "The operation is not allowed",
+    ErrorCode.OPERATION_TIMEOUT: "operation has timed out",
+    ErrorCode.EMPTY_DATA: "Some required data was left out",
+    ErrorCode.INCONSISTENT_DATA: "Inconsistent or out-of-range data",
+    ErrorCode.NOT_UNIQUE_NAME: "Object name is not unique",
+    ErrorCode.CONCURRENT_OPERATION: "Concurrent operation",
+    ErrorCode.INVALID_STATUS_CONDITION: "Invalid status condition",
+    ErrorCode.CANNOT_UPDATE_OBJECT_IN_MANY_BUNDLES: (
+        "Can not update object that is part of more than one bundle"
+    ),
+    ErrorCode.CONCURRENT_UPDATE: "Could not update object due to concurrent update",
+}
+
+
+class SimulatorError(Exception):
+    """Root of the errors a resolver raises to produce a GraphQL error entry."""
+
+    def extensions(self) -> dict[str, object]:
+        raise NotImplementedError
+
+
+class DirectorError(SimulatorError):
+    """A Director error: `message` as Director words it, plus the numeric code."""
+
+    def __init__(self, code: ErrorCode, *, head: str | None = None, **arguments: object) -> None:
+        self.code = code
+        text = head if head is not None else code.default_message
+        if arguments:
+            text += " [" + "; ".join(f"{k}={arguments[k]}" for k in sorted(arguments)) + "]"
+        super().__init__(text)
+
+    def extensions(self) -> dict[str, object]:
+        return {"error_code": int(self.code), "error": self.code.error_name}
+
+    @classmethod
+    def not_found(cls, object_type: str, object_id: str | None = None) -> DirectorError:
+        if object_id is None:
+            return cls(ErrorCode.NOT_FOUND, object=object_type)
+        return cls(ErrorCode.NOT_FOUND, object=object_type, ID=object_id)
+
+    @classmethod
+    def invalid(cls, reason: str) -> DirectorError:
+        return cls(ErrorCode.INVALID_DATA, reason=reason)
+
+    @classmethod
+    def invalid_fields(cls, type_name: str, fields: dict[str, str]) -> DirectorError:
+        return cls(ErrorCode.INVALID_DATA, head=f"Invalid data {type_name}", **fields)
+
+
+class ConnectorError(SimulatorError):
+    """A Connector error; `kind` is e.g. "Forbidden", "WrongInput", "BadRequest"."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        super().__init__(message)
+
+    def extensions(self) -> dict[str, object]:
+        return {"error": self.kind}

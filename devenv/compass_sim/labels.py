@@ -1,0 +1,151 @@
+"""Director's input rules and label filter semantics, as pure functions.
+
+- Runtime names: required, at most 36 characters, not starting with a digit, and a
+  DNS-1123 subdomain (lower-case letters, digits, '-' and '.', starting and ending
+  with a letter or digit in every dot-separated part).
+- Label keys: required, at most 256 characters, `^[a-zA-Z0-9_]*$`.
+- `setRuntimeLabel` values are "required" the way Director's validation library
+  means it: null, "", 0, false, [] and {} are rejected.
+- A label filter without `query` matches when the key exists; with `query` it
+  matches when the label value contains the query's JSON value (PostgreSQL's
+  `jsonb @>`: objects contain sub-objects, arrays contain sub-arrays, an array
+  contains a scalar it has as an element, scalars must be equal).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "LabelFilter",
+    "contains",
+    "description_problem",
+    "is_blank",
+    "label_key_problem",
+    "matches",
+    "parse_filters",
+    "runtime_name_problem",
+]
+
+_MAX_NAME = 36
+_MAX_DESCRIPTION = 2000
+_MAX_LABEL_KEY = 256
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_LABEL_KEY = re.compile(r"[a-zA-Z0-9_]*")
+
+
+def runtime_name_problem(name: str) -> str | None:
+    if not name:
+        return "cannot be blank"
+    if len(name) > _MAX_NAME:
+        return f"must be no more than {_MAX_NAME} characters"
+    if name[0].isdigit():
+        return "cannot start with digit"
+    if not _DNS_SUBDOMAIN.fullmatch(name):
+        return (
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+            "characters, '-' or '.', and must start and end with an alphanumeric character"
+        )
+    return None
+
+
+def description_problem(description: str | None) -> str | None:
+    if description is not None and len(description) > _MAX_DESCRIPTION:
+        return f"the length must be no more than {_MAX_DESCRIPTION}"
+    return None
+
+
+def label_key_problem(key: str) -> str | None:
+    if not key:
+        return "cannot be blank"
+    if len(key) > _MAX_LABEL_KEY:
+        return f"the length must be no more than {_MAX_LABEL_KEY}"
+    if not _LABEL_KEY.fullmatch(key):
+        return "must be in a valid format"
+    return None
+
+
+def is_blank(value: Any) -> bool:
+    """Director's "required" check for label values."""
+    if value is None or value is False:
+        return True
+    if isinstance(value, str | list | dict):
+        return len(value) == 0
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value == 0
+    return False
+
+
+class LabelFilter:
+    """One parsed `LabelFilter` input: a key and, optionally, a JSON value to contain."""
+
+    __slots__ = ("has_query", "key", "query")
+
+    def __init__(self, key: str, query: Any = None, *, has_query: bool = False) -> None:
+        self.key = key
+        self.query = query
+        self.has_query = has_query
+
+    def matches(self, labels: Mapping[str, Any]) -> bool:
+        if self.key not in labels:
+            return False
+        return not self.has_query or contains(labels[self.key], self.query)
+
+
+def parse_filters(raw: Sequence[Mapping[str, Any]] | None) -> list[LabelFilter]:
+    """Parse GraphQL `[LabelFilter!]` input; raises ValueError for a non-JSON query."""
+    filters: list[LabelFilter] = []
+    for item in raw or ():
+        key = item["key"]
+        query = item.get("query")
+        if query is None:
+            filters.append(LabelFilter(key))
+            continue
+        try:
+            value = json.loads(query)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"query of label filter {key!r} is not valid JSON: {exc}") from exc
+        filters.append(LabelFilter(key, value, has_query=True))
+    return filters
+
+
+def matches(filters: Sequence[LabelFilter], labels: Mapping[str, Any]) -> bool:
+    return all(f.matches(labels) for f in filters)
+
+
+def _is_scalar(value: Any) -> bool:
+    return not isinstance(value, dict | list)
+
+
+def _scalar_equal(left: Any, right: Any) -> bool:
+    # JSON keeps booleans and numbers apart, Python does not (True == 1).
+    if isinstance(left, bool) or isinstance(right, bool):
+        return isinstance(left, bool) and isinstance(right, bool) and left == right
+    if isinstance(left, int | float) and isinstance(right, int | float):
+        return left == right
+    return type(left) is type(right) and left == right
+
+
+def contains(value: Any, query: Any) -> bool:
+    """PostgreSQL `value @> query` for JSON values."""
+    if isinstance(value, list) and _is_scalar(query):
+        # The one exception to "same shape", and only at the top level:
+        # an array contains a scalar that is one of its elements.
+        return any(_is_scalar(element) and _scalar_equal(element, query) for element in value)
+    return _deep_contains(value, query)
+
+
+def _deep_contains(value: Any, query: Any) -> bool:
+    if isinstance(query, dict):
+        return isinstance(value, dict) and all(
+            key in value and _deep_contains(value[key], sub) for key, sub in query.items()
+        )
+    if isinstance(query, list):
+        return isinstance(value, list) and all(
+            any(_deep_contains(element, sub) for element in value) for sub in query
+        )
+    return _is_scalar(value) and _scalar_equal(value, query)

@@ -1,0 +1,221 @@
+"""In-memory Director state: runtimes per tenant and Connector tokens.
+
+Invariants:
+- A runtime belongs to exactly one tenant; every lookup takes the tenant, so one
+  tenant never sees another's runtimes. Runtimes are indexed by ID (dict) and kept
+  per tenant; names are not unique.
+- Records are immutable pydantic models; a change replaces the record.
+- Connector tokens (one-time tokens from Director and the CSR tokens Connector
+  hands out) are kept only as SHA-256 hashes, bound to a runtime and tenant, and
+  disappear with their runtime.
+- Every method takes the store's lock, so the store can be read from test threads
+  while the server thread writes. `version` grows with every change (used to save
+  the state file only when something changed).
+
+No validation happens here: `director.py` and `connector.py` enforce the rules.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from .labels import LabelFilter, matches
+
+__all__ = [
+    "ConnectorTokenRecord",
+    "RuntimeRecord",
+    "RuntimeStatusCondition",
+    "Store",
+    "TokenKind",
+    "TokenRefusedError",
+]
+
+
+class RuntimeStatusCondition(StrEnum):
+    INITIAL = "INITIAL"
+    PROVISIONING = "PROVISIONING"
+    CONNECTED = "CONNECTED"
+    FAILED = "FAILED"
+
+
+class RuntimeRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    tenant: str
+    name: str
+    description: str | None = None
+    labels: dict[str, Any]
+    status_condition: RuntimeStatusCondition = RuntimeStatusCondition.INITIAL
+    status_timestamp: datetime
+    creation_timestamp: datetime
+    application_namespace: str | None = None
+
+
+class TokenKind(StrEnum):
+    ONE_TIME = "one_time"  # issued by Director's requestOneTimeTokenForRuntime
+    CSR = "csr"  # issued by Connector's configuration, used to sign the CSR
+
+
+class ConnectorTokenRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    token_hash: str
+    kind: TokenKind
+    runtime_id: str
+    tenant: str
+    created_at: datetime
+    expires_at: datetime
+    used_at: datetime | None = None
+
+    @property
+    def used(self) -> bool:
+        return self.used_at is not None
+
+
+class TokenRefusedError(Exception):
+    """A Connector token that is unknown, already used, expired or of the wrong kind."""
+
+
+class Store:
+    def __init__(self, *, new_id: Callable[[], str] | None = None) -> None:
+        self._lock = threading.RLock()
+        self._new_id = new_id or (lambda: str(uuid.uuid4()))
+        self._by_id: dict[str, RuntimeRecord] = {}
+        self._by_tenant: dict[str, dict[str, RuntimeRecord]] = {}
+        self._sorted: dict[str, list[RuntimeRecord]] = {}
+        self._tokens: dict[str, ConnectorTokenRecord] = {}
+        self.version = 0
+
+    # -- runtimes -------------------------------------------------------------
+
+    def _put(self, record: RuntimeRecord) -> None:
+        self._by_id[record.id] = record
+        self._by_tenant.setdefault(record.tenant, {})[record.id] = record
+        self._sorted.pop(record.tenant, None)
+        self.version += 1
+
+    def create_runtime(self, tenant: str, *, now: datetime, **fields: Any) -> RuntimeRecord:
+        with self._lock:
+            runtime_id = fields.pop("id", None) or self._new_id()
+            record = RuntimeRecord(
+                id=runtime_id,
+                tenant=tenant,
+                status_timestamp=now,
+                creation_timestamp=now,
+                **fields,
+            )
+            self._put(record)
+            return record
+
+    def get_runtime(self, tenant: str, runtime_id: str) -> RuntimeRecord | None:
+        with self._lock:
+            record = self._by_id.get(runtime_id)
+            return record if record is not None and record.tenant == tenant else None
+
+    def replace_runtime(self, record: RuntimeRecord) -> RuntimeRecord:
+        with self._lock:
+            current = self._by_id.get(record.id)
+            if current is None or current.tenant != record.tenant:
+                raise KeyError(record.id)
+            self._put(record)
+            return record
+
+    def delete_runtime(self, tenant: str, runtime_id: str) -> RuntimeRecord | None:
+        with self._lock:
+            record = self.get_runtime(tenant, runtime_id)
+            if record is None:
+                return None
+            del self._by_id[runtime_id]
+            del self._by_tenant[tenant][runtime_id]
+            if not self._by_tenant[tenant]:
+                del self._by_tenant[tenant]
+            self._sorted.pop(tenant, None)
+            for token_hash in [h for h, t in self._tokens.items() if t.runtime_id == runtime_id]:
+                del self._tokens[token_hash]
+            self.version += 1
+            return record
+
+    def list_runtimes(
+        self, tenant: str, filters: list[LabelFilter], *, offset: int, limit: int
+    ) -> tuple[list[RuntimeRecord], int]:
+        """One page of the tenant's runtimes matching all filters, ordered by name, ID."""
+        with self._lock:
+            ordered = self._sorted.get(tenant)
+            if ordered is None:
+                ordered = sorted(
+                    self._by_tenant.get(tenant, {}).values(), key=lambda r: (r.name, r.id)
+                )
+                self._sorted[tenant] = ordered
+        selected = [r for r in ordered if matches(filters, r.labels)] if filters else ordered
+        return selected[offset : offset + limit], len(selected)
+
+    def runtimes(self, tenant: str | None = None) -> list[RuntimeRecord]:
+        with self._lock:
+            if tenant is None:
+                return list(self._by_id.values())
+            return list(self._by_tenant.get(tenant, {}).values())
+
+    # -- connector tokens -------------------------------------------------------
+
+    def add_token(self, record: ConnectorTokenRecord) -> None:
+        with self._lock:
+            self._tokens[record.token_hash] = record
+            self.version += 1
+
+    def consume_token(
+        self, token_hash: str, *, kinds: Iterable[TokenKind], now: datetime
+    ) -> ConnectorTokenRecord:
+        """Mark the token used and return it; raises TokenRefusedError with the reason."""
+        with self._lock:
+            record = self._tokens.get(token_hash)
+            if record is None or record.kind not in set(kinds):
+                raise TokenRefusedError("token is not valid")
+            if record.used:
+                raise TokenRefusedError("token was already used")
+            if record.expires_at <= now:
+                raise TokenRefusedError("token has expired")
+            used = record.model_copy(update={"used_at": now})
+            self._tokens[token_hash] = used
+            self.version += 1
+            return used
+
+    def tokens(self, runtime_id: str | None = None) -> list[ConnectorTokenRecord]:
+        with self._lock:
+            return [
+                t for t in self._tokens.values() if runtime_id is None or t.runtime_id == runtime_id
+            ]
+
+    # -- whole state ------------------------------------------------------------
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_id.clear()
+            self._by_tenant.clear()
+            self._sorted.clear()
+            self._tokens.clear()
+            self.version += 1
+
+    def to_storage(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "runtimes": [r.model_dump(mode="json") for r in self._by_id.values()],
+                "connector_tokens": [t.model_dump(mode="json") for t in self._tokens.values()],
+            }
+
+    def load_storage(self, data: dict[str, Any]) -> None:
+        runtimes = [RuntimeRecord.model_validate(r) for r in data.get("runtimes", [])]
+        tokens = [ConnectorTokenRecord.model_validate(t) for t in data.get("connector_tokens", [])]
+        with self._lock:
+            self.clear()
+            for record in runtimes:
+                self._put(record)
+            for token in tokens:
+                self._tokens[token.token_hash] = token
