@@ -1,0 +1,158 @@
+"""An in-memory certificate authority that checks and signs runtime CSRs.
+
+The CA key and certificate live only in memory and are created on first use. A CSR
+is accepted only if its signature is valid and its subject matches the expected
+one field by field (CN, C, O, OU, L, ST, in Connector's order of checks); the
+client certificate gets the CSR's subject, client-auth usage and the configured
+validity. All outputs are PEM bytes; callers base64-encode them for GraphQL.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from .config import CsrSubject
+
+__all__ = ["CertificateAuthority", "CsrRejectedError", "load_csr", "subject_problem"]
+
+
+class CsrRejectedError(Exception):
+    """The CSR cannot be parsed, is not self-consistent, or has the wrong subject."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind  # "BadRequest" or "WrongInput", as Connector names them
+        super().__init__(message)
+
+
+def load_csr(pem: bytes) -> x509.CertificateSigningRequest:
+    try:
+        csr = x509.load_pem_x509_csr(pem)
+    except ValueError as exc:
+        raise CsrRejectedError("BadRequest", f"Error while parsing CSR: {exc}") from exc
+    if not csr.is_signature_valid:
+        raise CsrRejectedError("BadRequest", "CSR signature invalid")
+    return csr
+
+
+_CHECKS = (
+    (NameOID.COMMON_NAME, "common name"),
+    (NameOID.COUNTRY_NAME, "country"),
+    (NameOID.ORGANIZATION_NAME, "organization"),
+    (NameOID.ORGANIZATIONAL_UNIT_NAME, "organizational unit"),
+    (NameOID.LOCALITY_NAME, "locality"),
+    (NameOID.STATE_OR_PROVINCE_NAME, "province"),
+)
+
+
+def subject_problem(
+    csr: x509.CertificateSigningRequest, expected: CsrSubject, common_name: str
+) -> str | None:
+    """Connector's wording of the first subject field that differs, or None."""
+    wanted = {
+        NameOID.COMMON_NAME: common_name,
+        NameOID.COUNTRY_NAME: expected.country,
+        NameOID.ORGANIZATION_NAME: expected.organization,
+        NameOID.ORGANIZATIONAL_UNIT_NAME: expected.organizational_unit,
+        NameOID.LOCALITY_NAME: expected.locality,
+        NameOID.STATE_OR_PROVINCE_NAME: expected.province,
+    }
+    for oid, label in _CHECKS:
+        values = csr.subject.get_attributes_for_oid(oid)
+        if not values:
+            if oid == NameOID.COMMON_NAME:
+                return "CSR: Invalid common name provided."
+            return f"CSR: No {label} provided."
+        if values[0].value != wanted[oid]:
+            return f"CSR: Invalid {label} provided."
+    return None
+
+
+class CertificateAuthority:
+    def __init__(self, *, clock: Callable[[], float], validity_seconds: float) -> None:
+        self._clock = clock
+        self._validity = timedelta(seconds=validity_seconds)
+        self._lock = threading.Lock()
+        self._key: rsa.RSAPrivateKey | None = None
+        self._cert: x509.Certificate | None = None
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self._clock(), UTC)
+
+    def _ensure(self) -> tuple[rsa.RSAPrivateKey, x509.Certificate]:
+        with self._lock:
+            if self._key is None or self._cert is None:
+                key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+                name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "compass-sim CA")])
+                now = self._now()
+                self._cert = (
+                    x509.CertificateBuilder()
+                    .subject_name(name)
+                    .issuer_name(name)
+                    .public_key(key.public_key())
+                    .serial_number(x509.random_serial_number())
+                    .not_valid_before(now - timedelta(minutes=5))
+                    .not_valid_after(now + timedelta(days=3650))
+                    .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                    .add_extension(
+                        x509.KeyUsage(
+                            digital_signature=True,
+                            content_commitment=False,
+                            key_encipherment=False,
+                            data_encipherment=False,
+                            key_agreement=False,
+                            key_cert_sign=True,
+                            crl_sign=True,
+                            encipher_only=False,
+                            decipher_only=False,
+                        ),
+                        critical=True,
+                    )
+                    .sign(key, hashes.SHA256())
+                )
+                self._key = key
+            return self._key, self._cert
+
+    @property
+    def certificate_pem(self) -> bytes:
+        return self._ensure()[1].public_bytes(serialization.Encoding.PEM)
+
+    def sign(self, csr: x509.CertificateSigningRequest) -> bytes:
+        """The client certificate for the CSR, as PEM."""
+        key, ca_cert = self._ensure()
+        now = self._now()
+        certificate = (
+            x509.CertificateBuilder()
+            .subject_name(csr.subject)
+            .issuer_name(ca_cert.subject)
+            .public_key(csr.public_key())
+            # 159 random bits: positive and at most 20 bytes, as RFC 5280 requires.
+            .serial_number(secrets.randbits(159) | 1)
+            .not_valid_before(now)
+            .not_valid_after(now + self._validity)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        return certificate.public_bytes(serialization.Encoding.PEM)
