@@ -1,0 +1,90 @@
+"""Compass simulator: OAuth token endpoint, Director and Connector, with fault injection.
+
+Run it:  python -m devenv.compass_sim --client-id ID --client-secret SECRET [--port N] ...
+(see --help), or in-process:
+
+    from devenv.compass_sim import CompassSimulator, SimConfig, Faults
+
+    sim = CompassSimulator(SimConfig(client_id="id", client_secret="secret"))
+    with sim.running() as sim:               # background thread, free port
+        sim.token_url, sim.director_url, sim.connector_url, sim.admin_url
+        sim.update_faults(lost_responses={"registerRuntime": 1})
+        ...
+        assert sim.counter("registerRuntime").attempts == 1
+
+Endpoints (main listener, `sim.url`):
+    POST /oauth/token         client credentials (Basic auth), scopes runtime:read/write
+    POST /director/graphql    `director.graphql` (Bearer + `Tenant` header)
+    POST /connector/graphql   `connector.graphql` (`Connector-Token` header)
+    /_sim/...                 admin JSON API, also on the admin listener (`sim.admin_url`),
+                              which stays up while faults make the main listener refuse:
+    GET  /_sim/health                       {"ok", "down", "listening"}
+    GET|PUT|PATCH|DELETE /_sim/faults       read / replace / merge top-level fields / clear
+    GET  /_sim/counters                     {operation: OperationCounter}
+    GET  /_sim/concurrency                  ConcurrencyStats of Director requests
+    GET  /_sim/requests?operation=&tenant=&outcome=&since=   [RequestRecord]
+    POST /_sim/reset   {"state","faults","counters": bool, default true}
+    GET  /_sim/runtimes?tenant=             [RuntimeRecord];  POST: seed one (no validation)
+    GET  /_sim/tokens?runtime_id=           Connector token metadata (hashes, never tokens)
+    POST /_sim/save                         write the state file now
+
+Python API of `CompassSimulator(config, *, clock=None, rng=None, access_log=False)`:
+    start(host="127.0.0.1", port=0, *, admin_port=0, timeout=15) -> Self;  stop();
+    running(host="127.0.0.1", port=0, *, admin_port=0) -> context manager;  with sim: ...
+    url, admin_url, port, public_url, token_url, director_url, connector_url, listening
+    faults() -> Faults;  set_faults(Faults) -> Faults;  update_faults(**fields) -> Faults;
+    clear_faults() -> Faults
+    counters() -> dict[str, OperationCounter];  counter(operation) -> OperationCounter
+    request_log(*, operation=None, tenant=None, outcome=None, since_seq=0) -> list[RequestRecord]
+    concurrency() -> ConcurrencyStats
+    runtimes(tenant=None) -> list[RuntimeRecord];  runtime(runtime_id) -> RuntimeRecord | None
+    connector_tokens(runtime_id=None) -> list[ConnectorTokenRecord]
+    seed_runtime(*, tenant, name, labels=None, description=None, runtime_id=None, status=INITIAL)
+    issue_access_token(scopes=("runtime:read", "runtime:write")) -> str
+    reset(*, state=True, faults=True, counters=True);  save_state() -> bool
+
+Operations (keys of counters, faults and the request log): "oauthToken", Director's
+root fields ("registerRuntime", "runtimes", ...) and Connector's ("configuration",
+"signCertificateSigningRequest"); see `operations.py`.
+
+Faults (`faults.py`): `down` ("refuse" | "drop" | "503"), `latency` (fixed + jitter),
+`errors` (per operation: Director error code or HTTP status, rate, count),
+`lost_responses` ({operation: count}: executed, then 504 or dropped connection),
+`rate_limit` (429 + Retry-After), `max_concurrent_director_requests` (queueing).
+
+`devenv.compass_sim.testing` has small pytest-free helpers (token, GraphQL calls,
+the GraphQL documents the tests use, a CSR builder).
+"""
+
+from .capacity import ConcurrencyStats
+from .config import CsrSubject, SimConfig
+from .errors import ErrorCode
+from .faults import DownMode, Faults, InjectedError, Latency, LostResponseMode, RateLimit
+from .operations import ALL_OPERATIONS, READ_SCOPE, WRITE_SCOPE
+from .recorder import OperationCounter, Outcome, RequestRecord
+from .server import CompassSimulator
+from .store import ConnectorTokenRecord, RuntimeRecord, RuntimeStatusCondition, TokenKind
+
+__all__ = [
+    "ALL_OPERATIONS",
+    "READ_SCOPE",
+    "WRITE_SCOPE",
+    "CompassSimulator",
+    "ConcurrencyStats",
+    "ConnectorTokenRecord",
+    "CsrSubject",
+    "DownMode",
+    "ErrorCode",
+    "Faults",
+    "InjectedError",
+    "Latency",
+    "LostResponseMode",
+    "OperationCounter",
+    "Outcome",
+    "RateLimit",
+    "RequestRecord",
+    "RuntimeRecord",
+    "RuntimeStatusCondition",
+    "SimConfig",
+    "TokenKind",
+]

@@ -1,0 +1,183 @@
+"""Command line: run the Compass simulator until SIGINT/SIGTERM.
+
+Prints one JSON line with the URLs on stdout when listening (handy with --port 0);
+logs go to stderr. The client secret may also come from COMPASS_SIM_CLIENT_SECRET,
+which keeps it out of the process list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .config import SimConfig
+from .errors import ErrorCode
+from .faults import DownMode, Faults, InjectedError, Latency, LostResponseMode, RateLimit
+from .server import CompassSimulator
+
+SECRET_ENV = "COMPASS_SIM_CLIENT_SECRET"  # noqa: S105 - a variable name, not a secret
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m devenv.compass_sim",
+        description="Compass simulator: OAuth token endpoint, Director and Connector "
+        "GraphQL APIs, with fault injection (admin API under /_sim/).",
+    )
+    net = parser.add_argument_group("listening")
+    net.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    net.add_argument("--port", type=int, default=0, help="main port (default 0: a free one)")
+    net.add_argument(
+        "--admin-port", type=int, default=0, help="admin-only port (default 0: a free one)"
+    )
+    net.add_argument(
+        "--public-url", help="base URL clients reach the simulator at (in tokens and config)"
+    )
+
+    auth = parser.add_argument_group("clients and tenants")
+    auth.add_argument("--client-id", required=True, help="OAuth client ID")
+    auth.add_argument(
+        "--client-secret", help=f"OAuth client secret (or environment variable {SECRET_ENV})"
+    )
+    auth.add_argument(
+        "--tenant",
+        action="append",
+        default=None,
+        help="accepted tenant (repeatable); without it every tenant is accepted",
+    )
+
+    ttl = parser.add_argument_group("lifetimes and limits")
+    ttl.add_argument("--access-token-ttl", type=float, default=3600.0, help="seconds")
+    ttl.add_argument("--ott-ttl", type=float, default=3600.0, help="one-time token, seconds")
+    ttl.add_argument("--csr-token-ttl", type=float, default=300.0, help="seconds")
+    ttl.add_argument("--max-page-size", type=int, default=200, help="runtimes(first:) limit")
+
+    state = parser.add_argument_group("state")
+    state.add_argument("--state-file", type=Path, help="load runtimes from and save them to")
+
+    faults = parser.add_argument_group("initial faults (change later with PUT /_sim/faults)")
+    faults.add_argument("--down", choices=[m.value for m in DownMode])
+    faults.add_argument("--down-retry-after", type=int, help="Retry-After seconds with --down 503")
+    faults.add_argument("--latency", type=float, default=0.0, help="fixed delay, seconds")
+    faults.add_argument("--jitter", type=float, default=0.0, help="random extra delay, seconds")
+    faults.add_argument(
+        "--error",
+        action="append",
+        default=[],
+        metavar="OPERATION:CODE[:RATE]",
+        help="inject Director error CODE into OPERATION ('*' = all) with probability RATE",
+    )
+    faults.add_argument(
+        "--lost-response",
+        action="append",
+        default=[],
+        metavar="OPERATION[:COUNT]",
+        help="the next COUNT (default 1) successful calls lose their response",
+    )
+    faults.add_argument(
+        "--lost-response-mode", choices=[m.value for m in LostResponseMode], default="504"
+    )
+    faults.add_argument("--rate-limit", metavar="RPS[:BURST]", help="token bucket: 429 beyond it")
+    faults.add_argument("--max-concurrent", type=int, help="Director requests served at once")
+    faults.add_argument("--faults-json", help="a complete Faults document (overrides the above)")
+
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    parser.add_argument("--access-log", action="store_true", help="log every request")
+    return parser
+
+
+def faults_from_args(args: argparse.Namespace) -> Faults:
+    if args.faults_json:
+        return Faults.model_validate_json(args.faults_json)
+    fields: dict[str, Any] = {
+        "down": args.down,
+        "down_retry_after_seconds": args.down_retry_after,
+        "lost_response_mode": args.lost_response_mode,
+        "max_concurrent_director_requests": args.max_concurrent,
+    }
+    if args.latency or args.jitter:
+        fields["latency"] = Latency(fixed_seconds=args.latency, jitter_seconds=args.jitter)
+    errors = []
+    for spec in args.error:
+        operation, code, *rate = spec.split(":")
+        errors.append(
+            InjectedError(
+                operation=operation,
+                error_code=ErrorCode(int(code)),
+                rate=float(rate[0]) if rate else 1.0,
+            )
+        )
+    fields["errors"] = tuple(errors)
+    lost: dict[str, int] = {}
+    for spec in args.lost_response:
+        operation, _, count = spec.partition(":")
+        lost[operation] = int(count or 1)
+    fields["lost_responses"] = lost
+    if args.rate_limit:
+        rps, _, burst = args.rate_limit.partition(":")
+        fields["rate_limit"] = RateLimit(requests_per_second=float(rps), burst=int(burst or 1))
+    return Faults.model_validate(fields)
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    secret = args.client_secret or os.environ.get(SECRET_ENV)
+    if not secret:
+        raise ValueError(f"--client-secret or {SECRET_ENV} is required")
+    return SimConfig(
+        client_id=args.client_id,
+        client_secret=secret,
+        tenants=frozenset(args.tenant) if args.tenant else None,
+        access_token_ttl_seconds=args.access_token_ttl,
+        ott_ttl_seconds=args.ott_ttl,
+        csr_token_ttl_seconds=args.csr_token_ttl,
+        max_page_size=args.max_page_size,
+        public_url=args.public_url,
+        state_file=args.state_file,
+        initial_faults=faults_from_args(args),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = config_from_args(args)
+    except (ValueError, ValidationError) as exc:
+        parser.error(str(exc))
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+    sim = CompassSimulator(config, access_log=args.access_log)
+    with sim.running(args.host, args.port, admin_port=args.admin_port):
+        endpoints = {
+            "url": sim.url,
+            "admin_url": sim.admin_url,
+            "token_url": sim.token_url,
+            "director_url": sim.director_url,
+            "connector_url": sim.connector_url,
+        }
+        print(json.dumps(endpoints), flush=True)
+        while not stop.wait(1.0):
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
