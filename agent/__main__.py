@@ -42,11 +42,10 @@ class JsonFormatter(logging.Formatter):
 def _settings_help() -> str:
     lines = ["environment variables:"]
     for name, info in AgentSettings.model_fields.items():
-        default = (
-            "(required)"
-            if info.is_required()
-            else f"default {info.get_default(call_default_factory=True)!s}"
-        )
+        value = None if info.is_required() else info.get_default(call_default_factory=True)
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        default = "(required)" if info.is_required() else f"default {value!s}"
         text = info.description or ""
         lines.append(f"  AGENT_{name.upper():<28} {default}. {text}".rstrip())
     return "\n".join(lines)

@@ -18,12 +18,12 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_never
 from tenacity.wait import wait_base
 
@@ -38,6 +38,11 @@ Sleep = Callable[[float], Awaitable[None]]
 AttemptHook = Callable[[Outcome], None]
 
 PROBLEM_JSON = "application/problem+json"
+DEFAULT_TOKEN_LIFETIME = timedelta(minutes=60)  # Compass's default for runtime tokens
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 class TokenResponse(BaseModel):
@@ -47,7 +52,19 @@ class TokenResponse(BaseModel):
     connector_url: str = Field(alias="connectorURL", min_length=1)
     compass_runtime_id: str = Field(alias="compassRuntimeID", min_length=1)
     tenant: str = Field(min_length=1)
-    expires_at: datetime = Field(alias="expiresAt")
+    # Director's `Timestamp` is RFC 3339; the broker passes it through, so numbers (Unix
+    # seconds or milliseconds) and a missing value are tolerated too.
+    expires_at: datetime | None = Field(default=None, alias="expiresAt")
+
+    @field_validator("expires_at", mode="before")
+    @classmethod
+    def _lenient_time(cls, value: object) -> object:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            seconds = value / 1000 if value > 1e11 else value
+            return datetime.fromtimestamp(seconds, tz=UTC)
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
 
 
 class Problem(BaseModel):
@@ -87,7 +104,7 @@ def outcome_of(response: httpx.Response, *, now: datetime) -> Outcome:
             connector_url=body.connector_url,
             compass_runtime_id=body.compass_runtime_id,
             tenant=body.tenant,
-            expires_at=body.expires_at,
+            expires_at=_aware(body.expires_at) if body.expires_at else now + DEFAULT_TOKEN_LIFETIME,
             issued_at=now,
         )
     if status == 429 or status >= 500:

@@ -69,7 +69,9 @@ class Watcher:
         version = str(listing.get("metadata", {}).get("resourceVersion", ""))
         self._notify()
         self.synced.set()
+        loop = asyncio.get_running_loop()
         while True:
+            began = loop.time()
             async for event in self._client.watch(
                 self._path,
                 resource_version=version,
@@ -80,4 +82,7 @@ class Watcher:
                 version = str(obj.get("metadata", {}).get("resourceVersion", version))
                 if event.get("type") != "BOOKMARK":
                     self._notify()
-            # The server ended the watch (its timeout): carry on from the last version seen.
+            # The server ended the watch (its timeout): carry on from the last version seen —
+            # but not at once if it ended at once, which would otherwise spin.
+            if loop.time() - began < 1.0:
+                await self._sleep(next_delay(self._policy, 1, rng=self._rng))

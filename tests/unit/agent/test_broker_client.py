@@ -187,3 +187,22 @@ async def test_token_file_is_reread_for_every_request(tmp_path: Path) -> None:
     path.unlink()
     with pytest.raises(IdentityError):
         await identity.authorization()
+
+
+@pytest.mark.parametrize(
+    ("expires", "expected"),
+    [
+        ("2025-01-01T13:00:00Z", datetime(2025, 1, 1, 13, tzinfo=UTC)),
+        ("2025-01-01T13:00:00", datetime(2025, 1, 1, 13, tzinfo=UTC)),
+        (1735736400, datetime(2025, 1, 1, 13, tzinfo=UTC)),
+        (1735736400000, datetime(2025, 1, 1, 13, tzinfo=UTC)),
+        (None, datetime(2025, 1, 1, 13, tzinfo=UTC)),  # Compass default: 60 minutes
+    ],
+)
+async def test_expiry_formats(expires: object, expected: datetime) -> None:
+    body = {**TOKEN_BODY, "expiresAt": expires}
+    client = make_client(httpx.MockTransport(lambda r: httpx.Response(201, json=body)), [])
+    outcome = await client.request_once("rt")
+    await client.aclose()
+    assert isinstance(outcome, Issued)
+    assert outcome.expires_at == expected
