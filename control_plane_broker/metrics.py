@@ -19,12 +19,6 @@ class Metrics:
             ["mode", "reason"],
             registry=r,
         )
-        self.director_calls = Counter(
-            "broker_director_calls_total",
-            "Director calls by operation and outcome.",
-            ["operation", "outcome"],
-            registry=r,
-        )
         self.breaker_state = Gauge(
             "broker_circuit_breaker_open",
             "1 while the Director breaker is open or half-open.",
