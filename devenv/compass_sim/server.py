@@ -426,7 +426,7 @@ class CompassSimulator:
         return self.store.runtimes(tenant)
 
     def runtime(self, runtime_id: str) -> RuntimeRecord | None:
-        return next((r for r in self.store.runtimes() if r.id == runtime_id), None)
+        return self.store.find_runtime(runtime_id)
 
     def connector_tokens(self, runtime_id: str | None = None) -> list[ConnectorTokenRecord]:
         """Metadata of one-time and CSR tokens (hashes only, never the tokens)."""

@@ -8,6 +8,9 @@ Invariants:
 - Connector tokens (one-time tokens from Director and the CSR tokens Connector
   hands out) are kept only as SHA-256 hashes, bound to a runtime and tenant, and
   disappear with their runtime.
+- A label index maps (tenant, key, scalar value) to runtime IDs, where a list value
+  indexes each scalar element: the usual lookup "the runtime whose label K is V" is
+  answered without scanning the tenant (benchmarks hold thousands of runtimes).
 - Every method takes the store's lock, so the store can be read from test threads
   while the server thread writes. `version` grows with every change (used to save
   the state file only when something changed).
@@ -17,9 +20,10 @@ No validation happens here: `director.py` and `connector.py` enforce the rules.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -27,6 +31,30 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from .labels import LabelFilter, matches
+
+_IndexKey = tuple[str, str]  # (label key, canonical JSON of a scalar value)
+
+
+def _canonical(value: Any) -> str:
+    # Containment compares numbers by value (1 == 1.0) but keeps booleans apart.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return json.dumps(value, sort_keys=True)
+
+
+def _is_scalar(value: Any) -> bool:
+    return not isinstance(value, dict | list)
+
+
+def _index_keys(labels: dict[str, Any]) -> Iterator[_IndexKey]:
+    for key, value in labels.items():
+        if isinstance(value, list):
+            for element in value:
+                if _is_scalar(element):
+                    yield key, _canonical(element)
+        elif _is_scalar(value):
+            yield key, _canonical(value)
+
 
 __all__ = [
     "ConnectorTokenRecord",
@@ -91,16 +119,33 @@ class Store:
         self._by_id: dict[str, RuntimeRecord] = {}
         self._by_tenant: dict[str, dict[str, RuntimeRecord]] = {}
         self._sorted: dict[str, list[RuntimeRecord]] = {}
+        self._index: dict[str, dict[_IndexKey, set[str]]] = {}
         self._tokens: dict[str, ConnectorTokenRecord] = {}
+        self._tokens_of: dict[str, set[str]] = {}  # runtime ID -> token hashes
         self.version = 0
 
     # -- runtimes -------------------------------------------------------------
 
     def _put(self, record: RuntimeRecord) -> None:
+        previous = self._by_id.get(record.id)
+        if previous is not None:
+            self._unindex(previous)
         self._by_id[record.id] = record
         self._by_tenant.setdefault(record.tenant, {})[record.id] = record
+        index = self._index.setdefault(record.tenant, {})
+        for key in _index_keys(record.labels):
+            index.setdefault(key, set()).add(record.id)
         self._sorted.pop(record.tenant, None)
         self.version += 1
+
+    def _unindex(self, record: RuntimeRecord) -> None:
+        index = self._index.get(record.tenant, {})
+        for key in _index_keys(record.labels):
+            ids = index.get(key)
+            if ids is not None:
+                ids.discard(record.id)
+                if not ids:
+                    del index[key]
 
     def create_runtime(self, tenant: str, *, now: datetime, **fields: Any) -> RuntimeRecord:
         with self._lock:
@@ -120,6 +165,11 @@ class Store:
             record = self._by_id.get(runtime_id)
             return record if record is not None and record.tenant == tenant else None
 
+    def find_runtime(self, runtime_id: str) -> RuntimeRecord | None:
+        """A runtime of any tenant (for the Python API; Director always passes the tenant)."""
+        with self._lock:
+            return self._by_id.get(runtime_id)
+
     def replace_runtime(self, record: RuntimeRecord) -> RuntimeRecord:
         with self._lock:
             current = self._by_id.get(record.id)
@@ -133,13 +183,14 @@ class Store:
             record = self.get_runtime(tenant, runtime_id)
             if record is None:
                 return None
+            self._unindex(record)
             del self._by_id[runtime_id]
             del self._by_tenant[tenant][runtime_id]
             if not self._by_tenant[tenant]:
                 del self._by_tenant[tenant]
             self._sorted.pop(tenant, None)
-            for token_hash in [h for h, t in self._tokens.items() if t.runtime_id == runtime_id]:
-                del self._tokens[token_hash]
+            for token_hash in self._tokens_of.pop(runtime_id, set()):
+                self._tokens.pop(token_hash, None)
             self.version += 1
             return record
 
@@ -148,14 +199,31 @@ class Store:
     ) -> tuple[list[RuntimeRecord], int]:
         """One page of the tenant's runtimes matching all filters, ordered by name, ID."""
         with self._lock:
-            ordered = self._sorted.get(tenant)
-            if ordered is None:
-                ordered = sorted(
-                    self._by_tenant.get(tenant, {}).values(), key=lambda r: (r.name, r.id)
+            if not filters:
+                selected = self._sorted.get(tenant)
+                if selected is None:
+                    selected = sorted(
+                        self._by_tenant.get(tenant, {}).values(), key=lambda r: (r.name, r.id)
+                    )
+                    self._sorted[tenant] = selected
+            else:
+                pool = self._candidates(tenant, filters)
+                selected = sorted(
+                    (r for r in pool if matches(filters, r.labels)), key=lambda r: (r.name, r.id)
                 )
-                self._sorted[tenant] = ordered
-        selected = [r for r in ordered if matches(filters, r.labels)] if filters else ordered
         return selected[offset : offset + limit], len(selected)
+
+    def _candidates(self, tenant: str, filters: list[LabelFilter]) -> Iterable[RuntimeRecord]:
+        """Runtimes that may match: narrowed by the index for scalar queries."""
+        ids: set[str] | None = None
+        index = self._index.get(tenant, {})
+        for f in filters:
+            if f.has_query and _is_scalar(f.query):
+                found = index.get((f.key, _canonical(f.query)), set())
+                ids = set(found) if ids is None else ids & found
+        if ids is None:
+            return list(self._by_tenant.get(tenant, {}).values())
+        return [self._by_id[i] for i in ids]
 
     def runtimes(self, tenant: str | None = None) -> list[RuntimeRecord]:
         with self._lock:
@@ -168,6 +236,7 @@ class Store:
     def add_token(self, record: ConnectorTokenRecord) -> None:
         with self._lock:
             self._tokens[record.token_hash] = record
+            self._tokens_of.setdefault(record.runtime_id, set()).add(record.token_hash)
             self.version += 1
 
     def consume_token(
@@ -200,7 +269,9 @@ class Store:
             self._by_id.clear()
             self._by_tenant.clear()
             self._sorted.clear()
+            self._index.clear()
             self._tokens.clear()
+            self._tokens_of.clear()
             self.version += 1
 
     def to_storage(self) -> dict[str, Any]:
@@ -219,3 +290,4 @@ class Store:
                 self._put(record)
             for token in tokens:
                 self._tokens[token.token_hash] = token
+                self._tokens_of.setdefault(token.runtime_id, set()).add(token.token_hash)
