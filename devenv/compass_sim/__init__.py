@@ -52,6 +52,14 @@ Faults (`faults.py`): `down` ("refuse" | "drop" | "503"), `latency` (fixed + jit
 `lost_responses` ({operation: count}: executed, then 504 or dropped connection),
 `rate_limit` (429 + Retry-After), `max_concurrent_director_requests` (queueing).
 
+Choices where a gateway, not Director/Connector, answers in the real Compass:
+- a missing, unknown or expired bearer token gets HTTP 401 with one GraphQL error
+  entry, `extensions.error_code` 26 (no `data`);
+- a refused Connector token (used, expired, unknown, wrong kind, missing header) gets
+  HTTP 200 with a GraphQL error, `extensions.error` "Forbidden", data null;
+- parse / validation / variable errors get HTTP 422 (gqlgen's behaviour).
+Director's real page-size limit is 200 (`runtimes(first:)`, `SimConfig.max_page_size`).
+
 `devenv.compass_sim.testing` has small pytest-free helpers (token, GraphQL calls,
 the GraphQL documents the tests use, a CSR builder).
 """
