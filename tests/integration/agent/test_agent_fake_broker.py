@@ -1,0 +1,257 @@
+"""The agent against a real runtime API server and a scripted broker (timing and failures)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from itertools import pairwise
+
+from agent.app import Overrides
+from agent.model import EXPIRES_AT_ANNOTATION, ISSUED_AT_ANNOTATION
+from tests.integration.agent.conftest import (
+    AgentEnv,
+    FakeBroker,
+    RecordingTransport,
+    eventually,
+    problem_reply,
+    token_reply,
+)
+
+
+async def test_module_enabled_writes_the_secret_within_seconds(agent_env: AgentEnv) -> None:
+    broker = FakeBroker(token_reply)
+    await broker.start()
+    try:
+        await agent_env.start(agent_env.settings(broker.url))
+        started = time.monotonic()
+        agent_env.put_kyma(modules=["application-connector"])
+        data = await eventually(agent_env.secret_data, within=10, what="the token secret")
+        assert time.monotonic() - started < 5
+        assert data == {
+            "CONNECTOR_URL": "https://connector.test/graphql",
+            "TOKEN": "ott-1",
+            "RUNTIME_ID": "compass-rt-1",
+            "TENANT": "ga-1",
+        }
+        secret = agent_env.secret()
+        assert secret.type == "Opaque"
+        assert secret.metadata.labels["app.kubernetes.io/managed-by"] == "compass-agent"
+        annotations = secret.metadata.annotations
+        assert annotations["compass-agent.kyma-project.io/compass-runtime-id"] == "compass-rt-1"
+        assert EXPIRES_AT_ANNOTATION in annotations
+        assert ISSUED_AT_ANNOTATION in annotations
+        assert "ott-1" not in str(annotations)
+        assert broker.paths == [f"/v1/runtimes/{agent_env.runtime_id}/token"]
+        assert broker.requests[0][2]["authorization"] == "Bearer fake-sa-token"
+        await eventually(lambda: agent_env.events("TokenPulled"), what="a TokenPulled event")
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()
+
+
+class Ceiling:
+    """rng for full jitter that always picks the top of the range: delays become exact steps."""
+
+    def uniform(self, a: float, b: float, /) -> float:
+        return b
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in pairwise(times)]
+
+
+async def test_broker_down_at_first_backs_off_then_connects(agent_env: AgentEnv) -> None:
+    broker = FakeBroker(token_reply)  # port reserved, nothing listening yet
+    recorder = RecordingTransport()
+    settings = agent_env.settings(broker.url, backoff_base=0.2, backoff_cap=5.0)
+    await agent_env.start(settings, Overrides(broker_transport=recorder, rng=Ceiling()))
+    agent_env.put_kyma(modules=["application-connector"])
+    try:
+        await eventually(lambda: len(recorder.sent) >= 5, within=20, what="five failed attempts")
+        assert agent_env.secret() is None
+        between = gaps(recorder.sent[:5])
+        # 0.2, 0.4, 0.8, 1.6 s: each wait longer than the one before, doubling.
+        assert all(later > earlier * 1.5 for earlier, later in pairwise(between)), between
+        assert between[0] >= 0.15
+        await broker.start()
+        data = await eventually(agent_env.secret_data, within=15, what="the token secret")
+        assert data["TOKEN"] == "ott-1"
+        assert len(broker.requests) == 1
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()
+
+
+async def test_honours_retry_after_then_connects(agent_env: AgentEnv) -> None:
+    def script(n: int) -> object:
+        return (
+            problem_reply(503, "urn:compass-unavailable", retry_after="2")
+            if n <= 2
+            else token_reply(n)
+        )
+
+    broker = FakeBroker(script)  # type: ignore[arg-type]
+    await broker.start()
+    try:
+        await agent_env.start(agent_env.settings(broker.url, backoff_base=0.1, backoff_cap=0.5))
+        agent_env.put_kyma(modules=["application-connector"])
+        data = await eventually(agent_env.secret_data, within=20, what="the token secret")
+        assert data["TOKEN"] == "ott-3"
+        times = [t for t, _, _ in broker.requests]
+        assert len(times) == 3
+        # Our own backoff would have waited at most 0.5 s; the broker asked for 2 s.
+        assert all(gap >= 1.9 for gap in gaps(times)), gaps(times)
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()
+
+
+async def test_connection_failed_with_expired_token_pulls_a_new_one(agent_env: AgentEnv) -> None:
+    def script(n: int) -> object:
+        # The first token expires almost at once; later ones are ordinary.
+        return token_reply(n, expires_in=timedelta(seconds=1) if n == 1 else timedelta(hours=1))
+
+    broker = FakeBroker(script)  # type: ignore[arg-type]
+    await broker.start()
+    try:
+        settings = agent_env.settings(broker.url, handover_grace=600.0, connection_grace=600.0)
+        await agent_env.start(settings)
+        agent_env.put_kyma(modules=["application-connector"])
+        await eventually(
+            lambda: (agent_env.secret_data() or {}).get("TOKEN") == "ott-1", what="token 1"
+        )
+        agent_env.set_connection("ConnectionFailed", error="token expired")
+        await eventually(
+            lambda: (agent_env.secret_data() or {}).get("TOKEN") == "ott-2", what="token 2"
+        )
+        await eventually(lambda: agent_env.events("ConnectionFailureSeen"), what="a failure event")
+        assert len(broker.requests) == 2
+        # The fresh token is not replaced while the (stale) failure is still reported.
+        agent_env.set_connection("ConnectionFailed", error="still failing")
+        agent_env.set_connection("Connected")
+        count = len(broker.requests)
+        await _quiet(3.0)
+        assert len(broker.requests) == count == 2
+        assert agent_env.secret_data()["TOKEN"] == "ott-2"  # type: ignore[index]
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()
+
+
+async def test_no_connection_after_grace_and_expiry_pulls_again(agent_env: AgentEnv) -> None:
+    def script(n: int) -> object:
+        return token_reply(n, expires_in=timedelta(seconds=1) if n == 1 else timedelta(hours=1))
+
+    broker = FakeBroker(script)  # type: ignore[arg-type]
+    await broker.start()
+    try:
+        await agent_env.start(agent_env.settings(broker.url, connection_grace=2.0))
+        agent_env.put_kyma(modules=["application-connector"])
+        await eventually(
+            lambda: (agent_env.secret_data() or {}).get("TOKEN") == "ott-1", what="token 1"
+        )
+        written = time.monotonic()
+        await eventually(
+            lambda: (agent_env.secret_data() or {}).get("TOKEN") == "ott-2", what="token 2"
+        )
+        assert time.monotonic() - written >= 1.5  # not before the grace period was over
+        count = len(broker.requests)
+        await _quiet(2.5)
+        assert len(broker.requests) == count == 2  # token 2 is valid for an hour: no more pulls
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()
+
+
+async def test_module_disabled_removes_secret_and_enabling_pulls_anew(agent_env: AgentEnv) -> None:
+    broker = FakeBroker(token_reply)
+    await broker.start()
+    try:
+        await agent_env.start(agent_env.settings(broker.url))
+        agent_env.put_kyma(modules=["application-connector"])
+        await eventually(
+            lambda: (agent_env.secret_data() or {}).get("TOKEN") == "ott-1", what="token 1"
+        )
+        agent_env.put_kyma(modules=["istio"])
+        await eventually(lambda: agent_env.secret() is None, what="the secret to go")
+        await eventually(lambda: agent_env.events("SecretRemoved"), what="a SecretRemoved event")
+        await _quiet(1.0)
+        assert agent_env.secret() is None
+        assert len(broker.requests) == 1
+        agent_env.put_kyma(modules=["istio", "application-connector"])
+        await eventually(
+            lambda: (agent_env.secret_data() or {}).get("TOKEN") == "ott-2", what="token 2"
+        )
+        assert len(broker.requests) == 2
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()
+
+
+async def test_policy_can_keep_the_secret_on_disable(agent_env: AgentEnv) -> None:
+    broker = FakeBroker(token_reply)
+    await broker.start()
+    try:
+        await agent_env.start(agent_env.settings(broker.url, delete_secret_on_disable=False))
+        agent_env.put_kyma(modules=["application-connector"])
+        await eventually(agent_env.secret_data, what="the token secret")
+        agent_env.put_kyma(modules=[])
+        await _quiet(2.0)
+        assert agent_env.secret() is not None
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()
+
+
+async def test_restart_while_connected_asks_for_nothing(agent_env: AgentEnv) -> None:
+    broker = FakeBroker(token_reply)
+    await broker.start()
+    try:
+        await agent_env.start(agent_env.settings(broker.url))
+        agent_env.put_kyma(modules=["application-connector"])
+        await eventually(agent_env.secret_data, what="the token secret")
+        agent_env.set_connection("Synchronized")
+        await agent_env.stop_all()
+        assert len(broker.requests) == 1
+        agent = await agent_env.start(agent_env.settings(broker.url))
+        await eventually(agent.ready, what="the restarted agent to be ready")
+        await _quiet(3.0)
+        assert len(broker.requests) == 1
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()
+
+
+async def test_refused_asks_rarely_records_why_and_retries_on_change(agent_env: AgentEnv) -> None:
+    broker = FakeBroker(lambda n: problem_reply(403, "urn:kyma-compass:forbidden"))
+    await broker.start()
+    try:
+        # The cadence is the 10-minute default: within the 30 s window there is one request.
+        await agent_env.start(agent_env.settings(broker.url))
+        agent_env.put_kyma(modules=["application-connector"])
+        events = await eventually(
+            lambda: agent_env.events("PullRefused"), what="a PullRefused event"
+        )
+        assert "403" in events[0].message
+        assert "urn:kyma-compass:forbidden" in events[0].message
+        assert events[0].type == "Warning"
+        await _quiet(30.0)
+        assert 1 <= len(broker.requests) <= 3
+        assert agent_env.secret() is None
+        # A change to what it watches (here: the runtime's Kyma labels) earns one more try.
+        before = len(broker.requests)
+        agent_env.cluster.custom.patch_namespaced_custom_object(
+            "operator.kyma-project.io", "v1beta2", agent_env.namespace, "kymas", "default",
+            {"metadata": {"labels": {"kyma-project.io/global-account-id": "ga-2"}}},
+        )  # fmt: skip
+        await eventually(
+            lambda: len(broker.requests) == before + 1, what="a retry after the change"
+        )
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()
+
+
+async def _quiet(seconds: float) -> None:
+    await asyncio.sleep(seconds)
