@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -356,6 +357,8 @@ def start_cluster(name: str, binaries: Binaries, *, workdir: Path | None = None)
                 f"--secure-port={api_port}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # No kubelet or real network here: nothing should maintain the kubernetes Service.
+                "--endpoint-reconciler-type=none",
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--allow-privileged=true",
                 "--disable-admission-plugins=ServiceAccount",
@@ -370,11 +373,9 @@ def start_cluster(name: str, binaries: Binaries, *, workdir: Path | None = None)
             api_log,
         )
         cluster._processes.append(apiserver)
-        with httpx.Client(
-            timeout=2.0,
-            verify=str(pki_dir / "ca.crt"),
-            cert=(str(pki_dir / "admin.crt"), str(pki_dir / "admin.key")),
-        ) as admin_http:
+        tls = ssl.create_default_context(cafile=str(pki_dir / "ca.crt"))
+        tls.load_cert_chain(str(pki_dir / "admin.crt"), str(pki_dir / "admin.key"))
+        with httpx.Client(timeout=2.0, verify=tls) as admin_http:
             _wait_ready(admin_http, f"{server}/readyz", [etcd, apiserver], [etcd_log, api_log])
     except BaseException:
         cluster.stop()

@@ -63,7 +63,8 @@ for b in "${missing[@]}"; do
     helm)
       start=$SECONDS
       say "installing helm v$HELM_VERSION ..."
-      GOFLAGS="-buildvcs=false -trimpath" GOBIN="$bindir" go install -ldflags "-s -w" "helm.sh/helm/v4/cmd/helm@v$HELM_VERSION"
+      GOFLAGS="-buildvcs=false -trimpath" GOBIN="$bindir" go install -ldflags "-s -w" "helm.sh/helm/v4/cmd/helm@v$HELM_VERSION" \
+        2> >(grep -v '^go: downloading' >&2)
       say "installed helm in $((SECONDS - start))s" ;;
   esac
 done
