@@ -2,7 +2,7 @@
 
 Holds: nothing reaches Director unless the runtime ID is valid, the Kyma is in the cache, the
 caller proved to be this runtime and policy allows it; per runtime, concurrent requests share one
-registration and one token request (single-flight), and new issues are rate-limited.
+registration and one token request (single-flight), and issued tokens are rate-limited.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ class TokenIssuer:
         return await self._flights.do(kyma.name, lambda: self._issue(kyma))
 
     async def _issue(self, kyma: KymaView) -> IssuedToken:
-        wait = self._limiter.try_take(kyma.name, self._clock())
+        # Only issued tokens count: attempts that fail (Compass down) must not lock a runtime out.
+        wait = self._limiter.check(kyma.name, self._clock())
         if wait is not None:
             raise RateLimited("token issue rate exceeded for this runtime", retry_after=wait)
         registered = await self._registration.ensure_registered(kyma)
@@ -97,6 +98,7 @@ class TokenIssuer:
         ott = await self._director.request_one_time_token(
             tenant=registered.tenant, runtime_id=registered.compass_id
         )
+        self._limiter.try_take(kyma.name, self._clock())
         log.info(
             "token issued",
             extra={"kyma": kyma.name, "compass_id": registered.compass_id},

@@ -1,7 +1,7 @@
 """Per-key token buckets (pure functions over frozen state; the clock is passed in).
 
 A bucket holds at most `burst` tokens and gains `per_second` tokens per second. `take`
-either spends one token or says how long until one is available.
+either spends one token or says how long until one is available; `peek` only looks.
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ def take(bucket: Bucket | None, policy: BucketPolicy, now: float) -> tuple[Bucke
     return Bucket(tokens=tokens, updated_at=now), wait
 
 
+def peek(bucket: Bucket | None, policy: BucketPolicy, now: float) -> float | None:
+    """Like `take` without spending: None when a token is available, else the seconds to wait."""
+    _, wait = take(bucket, policy, now)
+    return wait
+
+
 class RateLimiter:
     """The thin stateful shell: one bucket per key, idle full buckets forgotten."""
 
@@ -40,6 +46,9 @@ class RateLimiter:
         self._policy = policy
         self._buckets: dict[str, Bucket] = {}
         self._max_keys = max_keys
+
+    def check(self, key: str, now: float) -> float | None:
+        return peek(self._buckets.get(key), self._policy, now)
 
     def try_take(self, key: str, now: float) -> float | None:
         bucket, wait = take(self._buckets.get(key), self._policy, now)

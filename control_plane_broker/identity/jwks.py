@@ -24,6 +24,7 @@ from control_plane_broker.kube.runtime_access import RuntimeAccess
 from control_plane_broker.model import KymaView
 
 ALGORITHMS = ["RS256", "ES256"]
+JWKS_ACCEPT = "application/jwk-set+json, application/json"  # the API server refuses plain JSON
 
 
 @dataclass
@@ -62,14 +63,16 @@ class JwksVerifier:
         try:
             if self._issuer_url:
                 issuer = self._issuer_url.format(runtime_id=runtime_id)
-                response = await self._http.get(issuer.rstrip("/") + "/openid/v1/jwks")
+                response = await self._http.get(
+                    issuer.rstrip("/") + "/openid/v1/jwks", headers={"Accept": JWKS_ACCEPT}
+                )
                 response.raise_for_status()
                 jwks: Any = response.json()
             else:
                 client = await self._access.client_for(kyma.name)
                 discovery = await client.get("/.well-known/openid-configuration")
                 issuer = str(discovery["issuer"])
-                jwks = await client.get("/openid/v1/jwks")
+                jwks = await client.get("/openid/v1/jwks", accept=JWKS_ACCEPT)
         except (httpx.HTTPError, KubeError, KeyError, ValueError) as exc:
             raise ControlPlaneUnavailable(
                 "cannot fetch the runtime's issuer keys", retry_after=5

@@ -109,6 +109,7 @@ class KubeClient:
         body: JSON | None = None,
         params: dict[str, str] | None = None,
         content_type: str = "application/json",
+        accept: str | None = None,
     ) -> JSON:
         try:
             response = await self._http.request(
@@ -116,7 +117,10 @@ class KubeClient:
                 path,
                 params=params,
                 content=None if body is None else json.dumps(body),
-                headers={"Content-Type": content_type} if body is not None else None,
+                headers={
+                    **({"Content-Type": content_type} if body is not None else {}),
+                    **({"Accept": accept} if accept else {}),
+                },
             )
         except httpx.HTTPError as exc:
             raise KubeUnavailable(f"{method} {path}: {type(exc).__name__}") from exc
@@ -124,8 +128,10 @@ class KubeClient:
         result: JSON = response.json()
         return result
 
-    async def get(self, path: str, *, params: dict[str, str] | None = None) -> JSON:
-        return await self._request("GET", path, params=params)
+    async def get(
+        self, path: str, *, params: dict[str, str] | None = None, accept: str | None = None
+    ) -> JSON:
+        return await self._request("GET", path, params=params, accept=accept)
 
     async def get_or_none(self, path: str) -> JSON | None:
         try:

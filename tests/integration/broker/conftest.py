@@ -242,9 +242,14 @@ class Broker:
     def wait_exit(self, timeout: float = 20.0) -> int:
         assert self.proc is not None
         code = self.proc.wait(timeout)
+        self._close()
+        return code
+
+    def _close(self) -> None:
         if self._reader is not None:
             self._reader.join(5)
-        return code
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
 
     def stop(self) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
@@ -260,6 +265,7 @@ class Broker:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+        self._close()
 
     def request_token(
         self,
