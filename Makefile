@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 TOOLCHAIN := devenv/toolchain/build.sh
 
-.PHONY: test check lint unit toolchain demo bench clean
+.PHONY: test check lint unit toolchain demo bench lock clean
 
 $(INSTALLED): pyproject.toml
 	@echo "==> creating the virtual environment in $(VENV)"
@@ -38,6 +38,10 @@ demo: $(INSTALLED) toolchain
 
 bench: $(INSTALLED) toolchain
 	$(PY) -m bench $(BENCH_ARGS)
+
+lock: $(INSTALLED)
+	$(VENV)/bin/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 --no-header --quiet -o requirements.lock
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

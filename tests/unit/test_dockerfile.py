@@ -1,0 +1,127 @@
+"""The image's promises, checked from the Dockerfile text (no container engine is needed).
+
+Multi-stage on a slim Python base; dependencies only from the hashed lock; both entry
+points; a numeric non-root user; nothing that compiles or caches in the final stage.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.conftest import REPO_ROOT
+
+DOCKERFILE = REPO_ROOT / "Dockerfile"
+LOCK = REPO_ROOT / "requirements.lock"
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def args_of(self, keyword: str) -> list[str]:
+        return [args for kw, args in self.instructions if kw == keyword]
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    joined = re.sub(r"\\\n", " ", text)
+    result = []
+    for raw in joined.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, args = line.partition(" ")
+        result.append((keyword.upper(), args.strip()))
+    return result
+
+
+def _stages() -> tuple[dict[str, str], list[Stage]]:
+    build_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for keyword, args in _instructions(DOCKERFILE.read_text()):
+        if keyword == "ARG" and not stages and "=" in args:
+            key, value = args.split("=", 1)
+            build_args[key] = value
+        elif keyword == "FROM":
+            parts = args.split()
+            base = re.sub(r"\$\{(\w+)\}", lambda m: build_args[m.group(1)], parts[0])
+            name = parts[2] if len(parts) > 2 and parts[1].upper() == "AS" else None
+            stages.append(Stage(base=base, name=name))
+        elif stages:
+            stages[-1].instructions.append((keyword, args))
+    return build_args, stages
+
+
+def test_multi_stage_on_a_slim_python_base() -> None:
+    _, stages = _stages()
+    assert len(stages) >= 2
+    for stage in stages:
+        assert re.fullmatch(r"python:3\.1[1-9]-slim(-\w+)?", stage.base), stage.base
+
+
+def test_dependencies_come_from_the_hashed_lock() -> None:
+    _, stages = _stages()
+    installs = [run for stage in stages for run in stage.args_of("RUN") if "pip install" in run]
+    lock_installs = [run for run in installs if "-r requirements.lock" in run]
+    assert lock_installs, "no pip install from requirements.lock"
+    assert all("--require-hashes" in run for run in lock_installs)
+    # Everything else is our own wheel, installed without pulling unlocked dependencies.
+    for run in installs:
+        if run not in lock_installs:
+            assert "--no-deps" in run, run
+
+
+def test_lock_covers_every_runtime_dependency_with_hashes() -> None:
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    lock_text = LOCK.read_text()
+    pinned = {
+        canonicalize_name(m.group(1))
+        for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==\S+", lock_text, re.MULTILINE)
+    }
+    for dependency in project["dependencies"]:
+        assert canonicalize_name(Requirement(dependency).name) in pinned, dependency
+    blocks = re.split(r"^(?=[A-Za-z0-9_.\-]+==)", lock_text, flags=re.MULTILINE)
+    for block in blocks:
+        if re.match(r"[A-Za-z0-9_.\-]+==", block):
+            assert "--hash=sha256:" in block, block.splitlines()[0]
+
+
+def test_final_stage_runs_as_numeric_non_root_user() -> None:
+    _, stages = _stages()
+    users = stages[-1].args_of("USER")
+    assert users, "the final stage sets no USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit()
+    assert int(uid) != 0
+
+
+def test_final_stage_has_no_compilers_or_package_caches() -> None:
+    _, stages = _stages()
+    final = stages[-1]
+    for run in final.args_of("RUN"):
+        assert not re.search(r"\b(gcc|g\+\+|build-essential|clang|make)\b", run), run
+        assert "pip install" not in run, "the final stage installs nothing; it copies the venv"
+    copies = final.args_of("COPY")
+    assert any(c.startswith("--from=") and "/opt/venv" in c for c in copies)
+    env = " ".join(final.args_of("ENV"))
+    assert "PYTHONDONTWRITEBYTECODE=1" in env
+    build_env = " ".join(stages[0].args_of("ENV"))
+    assert "PIP_NO_CACHE_DIR=1" in build_env
+
+
+@pytest.mark.parametrize("script", ["compass-broker", "compass-agent"])
+def test_both_entry_points_are_installed(script: str) -> None:
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert script in scripts
+    module = scripts[script].split(":")[0].split(".")[0]
+    _, stages = _stages()
+    copied_sources = {args.split()[0] for args in stages[0].args_of("COPY")}
+    assert module in copied_sources
+    assert "/opt/venv/bin" in " ".join(stages[-1].args_of("ENV"))
