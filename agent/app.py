@@ -80,7 +80,7 @@ class Agent:
                 token_file=settings.sa_token_file,
                 requester=token_requester(
                     self.kube,
-                    namespace=settings.namespace,
+                    namespace=settings.service_account_namespace or settings.namespace,
                     service_account=settings.service_account,
                     audience=settings.audience,
                     seconds=settings.token_request_seconds,

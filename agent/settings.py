@@ -47,7 +47,7 @@ class AgentSettings(BaseSettings):
     # --- identity -------------------------------------------------------------------
     identity_mode: IdentityMode = IdentityMode.SERVICEACCOUNT
     audience: str = Field(
-        default="kyma-compass-broker", description="Audience of the ServiceAccount token."
+        default="compass-broker", description="Audience of the ServiceAccount token."
     )
     sa_token_file: Path = Field(
         default=DEFAULT_SA_TOKEN_FILE,
@@ -56,6 +56,9 @@ class AgentSettings(BaseSettings):
     service_account: str = Field(
         default="compass-agent",
         description="Own ServiceAccount, for TokenRequest when the token file is absent.",
+    )
+    service_account_namespace: str | None = Field(
+        default=None, description="Namespace of that ServiceAccount; AGENT_NAMESPACE when unset."
     )
     token_request_seconds: int = Field(default=600, ge=600)
     client_cert_file: Path | None = None

@@ -29,6 +29,15 @@ from agent.app import Agent, Overrides
 from agent.settings import AgentSettings
 from devenv.clusters import TestCluster, free_port
 
+# The broker's own harness (KCP seeding, Compass simulator, broker process), reused as is.
+from tests.integration.broker.conftest import (  # noqa: F401 - fixtures are found by name
+    broker_crds,
+    brokers,
+    creds_file,
+    kcp_ns,
+    sim,
+)
+
 KYMA = ("operator.kyma-project.io", "v1beta2", "kymas")
 AC = ("operator.kyma-project.io", "v1alpha1", "applicationconnectors")
 CC = ("compass.kyma-project.io", "v1alpha1", "compassconnections")
@@ -122,10 +131,15 @@ class RecordingTransport(httpx.AsyncBaseTransport):
     def __init__(self) -> None:
         self.inner = httpx.AsyncHTTPTransport()
         self.sent: list[float] = []
+        self.answers: list[tuple[float, int, str | None]] = []  # (time, status, Retry-After)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.sent.append(time.monotonic())
-        return await self.inner.handle_async_request(request)
+        response = await self.inner.handle_async_request(request)
+        self.answers.append(
+            (time.monotonic(), response.status_code, response.headers.get("Retry-After"))
+        )
+        return response
 
     async def aclose(self) -> None:
         await self.inner.aclose()
