@@ -1,0 +1,182 @@
+"""The Helm charts: linted, rendered for every identity mode, validated, and admitted for real.
+
+Rendered manifests go to the real API servers into namespaces that enforce the
+`restricted` Pod Security profile; a Pod is made from each pod template because
+no controller runs here to make them, and any admission warning fails the test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from devenv.clusters import Binaries, TestCluster
+from tests.charts.render import (
+    CHARTS,
+    HelmError,
+    apply,
+    by_kind,
+    helm,
+    pods_from_templates,
+    render,
+)
+from tests.conftest import NamespaceFactory
+
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/warn": "restricted",
+}
+BROKER_REQUIRED = {"director.url": "https://director.example.test/graphql"}
+AGENT_REQUIRED = {"broker.url": "https://compass-broker.example.test"}
+
+BROKER_MODES: dict[str, dict[str, str]] = {
+    "tokenreview": {},
+    "jwks": {"identity.mode": "jwks", "identity.jwksIssuerURL": "https://issuer.example.test"},
+    "xfcc": {
+        "identity.mode": "xfcc",
+        "istio.enabled": "true",
+        "istio.host": "compass-broker.example.test",
+    },
+}
+AGENT_MODES: dict[str, dict[str, str]] = {
+    "serviceaccount": {},
+    "mtls": {"identity.mode": "mtls", "identity.clientCertSecret": "watcher-client-cert"},
+}
+
+
+def _env(deployment: dict[str, Any]) -> dict[str, str]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+@pytest.mark.parametrize(
+    ("chart", "required"), [("compass-broker", BROKER_REQUIRED), ("compass-agent", AGENT_REQUIRED)]
+)
+def test_helm_lint_strict(binaries: Binaries, chart: str, required: dict[str, str]) -> None:
+    sets = [arg for key, value in required.items() for arg in ("--set", f"{key}={value}")]
+    output = helm(binaries, "lint", "--strict", str(CHARTS / chart), *sets)
+    assert "0 chart(s) failed" in output
+
+
+@pytest.mark.parametrize("mode", sorted(BROKER_MODES))
+def test_broker_renders_each_identity_mode(binaries: Binaries, mode: str) -> None:
+    objects = render(
+        binaries,
+        "compass-broker",
+        namespace="kcp-system",
+        values=BROKER_REQUIRED | BROKER_MODES[mode],
+    )
+    (deployment,) = by_kind(objects, "Deployment")
+    env = _env(deployment)
+    assert env["BROKER_IDENTITY_MODE"] == mode
+    # The forwarded client certificate is trusted in xfcc mode and only there.
+    assert env["BROKER_XFCC_TRUSTED"] == str(mode == "xfcc").lower()
+    assert deployment["spec"]["replicas"] == 2
+    assert by_kind(objects, "PodDisruptionBudget")
+    assert by_kind(objects, "CustomResourceDefinition")[0]["spec"]["names"]["kind"] == (
+        "CompassManagerMapping"
+    )
+    assert bool(by_kind(objects, "VirtualService")) == (mode == "xfcc")
+
+
+@pytest.mark.parametrize("mode", sorted(AGENT_MODES))
+def test_agent_renders_each_identity_mode(binaries: Binaries, mode: str) -> None:
+    objects = render(
+        binaries,
+        "compass-agent",
+        namespace="kyma-system",
+        values=AGENT_REQUIRED | AGENT_MODES[mode],
+    )
+    (deployment,) = by_kind(objects, "Deployment")
+    assert _env(deployment)["AGENT_IDENTITY_MODE"] == mode
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    projected = volumes["broker-token"]["projected"]["sources"][0]["serviceAccountToken"]
+    assert projected["audience"] == "compass-broker"
+    assert projected["expirationSeconds"] <= 3600
+    assert ("client-cert" in volumes) == (mode == "mtls")
+
+
+def test_agent_rbac_names_the_one_secret(binaries: Binaries) -> None:
+    objects = render(binaries, "compass-agent", namespace="kyma-system", values=AGENT_REQUIRED)
+    (role,) = by_kind(objects, "Role")
+    secret_rules = [r for r in role["rules"] if "secrets" in r["resources"]]
+    for rule in secret_rules:
+        if rule.get("resourceNames"):
+            assert rule["resourceNames"] == ["compass-agent-configuration"]
+        else:
+            assert rule["verbs"] == ["create"]  # create cannot be limited by name
+
+
+@pytest.mark.parametrize(
+    ("chart", "values", "message"),
+    [
+        ("compass-broker", BROKER_REQUIRED | {"identity.mode": "magic"}, "/identity/mode"),
+        ("compass-broker", BROKER_REQUIRED | {"replicaCount": "0"}, "/replicaCount"),
+        ("compass-broker", {"director.url": "ftp://x"}, "/director/url"),
+        ("compass-broker", BROKER_REQUIRED | {"typo": "1"}, "typo"),
+        (
+            "compass-agent",
+            AGENT_REQUIRED | {"identity.tokenExpirationSeconds": "60"},
+            "tokenExpirationSeconds",
+        ),
+        ("compass-agent", AGENT_REQUIRED | {"moduleSignals[0]": "always"}, "/moduleSignals/0"),
+        ("compass-agent", {}, "broker.url is required"),
+        (
+            "compass-agent",
+            AGENT_REQUIRED | {"identity.mode": "mtls"},
+            "clientCertSecret is required",
+        ),
+    ],
+)
+def test_bad_values_fail_with_a_clear_message(
+    binaries: Binaries, chart: str, values: dict[str, str], message: str
+) -> None:
+    with pytest.raises(HelmError, match=message.replace("[", r"\[")):
+        render(binaries, chart, namespace="default", values=values)
+
+
+def _admit(cluster: TestCluster, namespace: str, objects: list[dict[str, Any]]) -> None:
+    applied = apply(cluster, objects, namespace=namespace)
+    pods = apply(cluster, pods_from_templates(objects), namespace=namespace)
+    assert applied.warnings == []
+    assert pods.warnings == []
+    assert len(pods.objects) == len(by_kind(objects, "Deployment")) >= 1
+
+
+def test_broker_chart_is_admitted_under_restricted_pod_security(
+    binaries: Binaries, control_plane: TestCluster, namespace_factory: NamespaceFactory
+) -> None:
+    ns = namespace_factory(control_plane, labels=RESTRICTED)
+    objects = render(
+        binaries, "compass-broker", namespace=ns, values=BROKER_REQUIRED | {"kcpNamespace": ns}
+    )
+    _admit(control_plane, ns, objects)
+
+
+def test_agent_chart_is_admitted_under_restricted_pod_security(
+    binaries: Binaries, runtime_a: TestCluster, namespace_factory: NamespaceFactory
+) -> None:
+    ns = namespace_factory(runtime_a, labels=RESTRICTED)
+    objects = render(binaries, "compass-agent", namespace=ns, values=AGENT_REQUIRED)
+    _admit(runtime_a, ns, objects)
+
+
+def test_restricted_namespace_really_refuses_a_privileged_pod(
+    runtime_a: TestCluster, namespace_factory: NamespaceFactory
+) -> None:
+    """Guards the two tests above: admission in these namespaces does enforce the profile."""
+    ns = namespace_factory(runtime_a, labels=RESTRICTED)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "privileged"},
+        "spec": {
+            "containers": [{"name": "c", "image": "x", "securityContext": {"privileged": True}}]
+        },
+    }
+    with pytest.raises(AssertionError, match="violates PodSecurity"):
+        apply(runtime_a, [pod], namespace=ns)
