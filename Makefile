@@ -37,6 +37,7 @@ demo: $(INSTALLED) toolchain
 	$(PY) -m devenv.demo $(DEMO_ARGS)
 
 bench: $(INSTALLED) toolchain
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(PY) -m bench $(BENCH_ARGS)
 
 lock: $(INSTALLED)
