@@ -11,6 +11,8 @@ import base64
 from collections import OrderedDict
 from collections.abc import Callable
 
+import httpx
+
 from control_plane_broker.errors import IdentityNotProven
 from control_plane_broker.kube.client import KubeClient
 from control_plane_broker.kube.config import KubeconfigError, access_from_kubeconfig_text
@@ -29,6 +31,7 @@ class RuntimeAccess:
         clock: Callable[[], float],
         timeout: float = 10.0,
         max_entries: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._kcp = kcp
         self._namespace = namespace
@@ -36,6 +39,7 @@ class RuntimeAccess:
         self._clock = clock
         self._timeout = timeout
         self._max = max_entries
+        self._transport = transport  # tests plug in here
         self._clients: OrderedDict[str, tuple[float, KubeClient]] = OrderedDict()
 
     async def client_for(self, kyma_name: str) -> KubeClient:
@@ -66,7 +70,7 @@ class RuntimeAccess:
             raise IdentityNotProven(
                 "the runtime kubeconfig is unusable", reason="bad-kubeconfig"
             ) from exc
-        client = KubeClient(access, timeout=self._timeout)
+        client = KubeClient(access, timeout=self._timeout, transport=self._transport)
         if entry is not None:
             await entry[1].aclose()
         self._clients[kyma_name] = (now + self._ttl, client)

@@ -478,3 +478,27 @@ def test_compass_manager_mapping_adopted_and_labels_synced(
         lambda: director_runtimes(sim, rt_a.tenant)[0].labels.get("broker_plan_name") == "aws",
         what="label change",
     )
+
+
+@pytest.mark.parametrize("policy", ["keep", "unregister"])
+def test_module_disabled_keeps_or_unregisters_by_policy(
+    brokers: BrokerFactory, rt_a: Runtime, sim: Any, policy: str
+) -> None:
+    broker = brokers(BROKER_MODULE_DISABLED_POLICY=policy)
+    assert broker.request_token(rt_a.runtime_id, rt_a.token()).status_code == 201
+    rt_a.patch_kyma({"spec": {"modules": []}})
+    r = wait_for(
+        lambda: (
+            (resp := broker.request_token(rt_a.runtime_id, rt_a.token())).status_code == 409
+            and resp
+        ),
+        what="tokens to be refused",
+    )
+    assert problem_type(r) == "module-not-enabled"
+    if policy == "unregister":
+        wait_for(lambda: not director_runtimes(sim, rt_a.tenant), what="unregistration")
+        wait_for(lambda: rt_a.mapping() is None, what="mapping removal")
+    else:
+        time.sleep(3)  # longer than the test sweep interval (2 s): the leader had its chance
+        assert len(director_runtimes(sim, rt_a.tenant)) == 1
+        assert rt_a.mapping() is not None
