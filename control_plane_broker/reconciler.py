@@ -156,6 +156,15 @@ class Reconciler:
                     extra={"kyma": name, "error": str(exc), "retry_in": delay},
                 )
                 self._enqueue_later(name, delay)
+                if count == 1:  # one Event per failure streak, not one per retry
+                    kyma = self._cache.get(name)
+                    await self._events.record(
+                        kyma_name=name,
+                        kyma_uid=kyma.uid if kyma else "",
+                        reason="ReconcileFailed",
+                        message=f"will retry: {type(exc).__name__}: {str(exc)[:300]}",
+                        warning=True,
+                    )
 
     async def reconcile(self, name: str) -> None:
         mapping = await self._repo.get(name)
