@@ -56,7 +56,8 @@ def parse_time(value: object) -> datetime | None:
 
 
 def format_time(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # Milliseconds kept: rounding an issue time down to the second would shorten grace periods.
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

@@ -94,7 +94,8 @@ def test_desired_secret_shape() -> None:
         "TENANT": "ga-1",
     }
     annotations = body["metadata"]["annotations"]
-    assert annotations["compass-agent.kyma-project.io/token-expires-at"] == "2025-01-01T13:00:00Z"
+    expires = annotations["compass-agent.kyma-project.io/token-expires-at"]
+    assert expires == "2025-01-01T13:00:00.000Z"
     assert "ott-1" not in json.dumps(body["metadata"])
 
 
