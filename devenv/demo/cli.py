@@ -1,0 +1,143 @@
+"""Command line of the demo: arguments, signals, exit codes.
+
+Exit codes: 0 when every step happened (with `--keep`: after Ctrl-C), 1 when a step did not
+happen in time or something broke (the message says which, with the tail of the relevant
+logs), 130 when interrupted before the end. Whatever the outcome, every process the demo
+started is stopped before it exits; SIGTERM and SIGHUP are handled like Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import signal
+import sys
+import tempfile
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from devenv.demo.console import StepFailed, Story
+from devenv.demo.processes import log_tail
+from devenv.demo.story import Demo, Options
+
+DESCRIPTION = """\
+The local demo of kyma-compass-pull: a control-plane API server (KCP) and two runtime API
+servers (A: a managed runtime, B: bring your own cluster), the Compass simulator, the broker,
+one agent and one simulated compass-runtime-agent per runtime, all as local processes on
+127.0.0.1. It tells the story step by step: the module is enabled in runtime A and A connects;
+Compass goes down; the module is enabled in runtime B and B's agent backs off; Compass comes
+back and B connects; A's Kyma is deleted in KCP and A is unregistered from Compass. It ends
+with a summary table and exits 0, or 1 with a clear message when a step does not happen in
+time."""
+
+EPILOG = """\
+Logs of every process go to <work folder>/logs; the list of processes (pid, command) to
+<work folder>/processes.json. Keys, tokens and cluster data are removed when the demo stops.
+Set KUBEBUILDER_ASSETS to use existing kube-apiserver and etcd binaries instead of the ones
+`make demo` builds into ~/.cache/kyma-compass-pull."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m devenv.demo",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="after the story, leave everything running and print how to reach it, until Ctrl-C",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="work folder for logs and cluster data (default: a new temporary folder)",
+    )
+    parser.add_argument(
+        "--outage",
+        choices=["refuse", "drop", "503"],
+        default="refuse",
+        help="how Compass is unavailable: connections refused (default), dropped, or HTTP 503",
+    )
+    parser.add_argument(
+        "--timeout-scale",
+        type=float,
+        default=1.0,
+        metavar="FACTOR",
+        help="multiply every step's timeout (e.g. 3 on a slow machine)",
+    )
+    return parser
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _report_failure(story: Story, exc: StepFailed) -> None:
+    story.failed(str(exc).splitlines()[0])
+    for line in str(exc).splitlines()[1:]:
+        story.detail(line)
+    for path in exc.logs:
+        story.detail(f"last lines of {path}:")
+        for line in log_tail(path, 10).splitlines():
+            story.detail(f"  {line}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.timeout_scale <= 0:
+        print("--timeout-scale must be positive", file=sys.stderr)
+        return 2
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="replace")  # ✓ and … on a terminal that cannot show them
+    workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="kyma-compass-pull-demo-"))).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    # SIGINT explicitly too: a shell starts background jobs with it ignored, and Python keeps that.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
+
+    story = Story()
+    story.say("kyma-compass-pull: local demo (pull-model connection of Kyma runtimes to Compass)")
+    story.say(f"work folder (logs of every process): {workdir}")
+    demo = Demo(
+        Options(
+            workdir=workdir,
+            keep=args.keep,
+            outage=args.outage,
+            timeout_scale=args.timeout_scale,
+        ),
+        story,
+    )
+    code = 0
+    try:
+        demo.run()
+        story.say()
+        story.say(f"✓ every step happened; the demo took {story.elapsed():.1f}s")
+        if args.keep:
+            demo.print_access()
+            demo.keep_running()
+    except StepFailed as exc:
+        _report_failure(story, exc)
+        code = 1
+    except KeyboardInterrupt:
+        story.say()
+        story.say("interrupted")
+        code = 0 if demo.finished else 130  # with --keep, Ctrl-C is the normal end
+    except Exception as exc:  # anything else: say what, keep the traceback in the work folder
+        trace = workdir / "demo-error.log"
+        trace.write_text(traceback.format_exc())
+        story.failed(f"unexpected {type(exc).__name__}: {str(exc)[:300]} (traceback: {trace})")
+        code = 1
+    finally:
+        # A second Ctrl-C must not leave half of the processes running.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with contextlib.suppress(ValueError):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        story.say("stopping every process the demo started …")
+        demo.close()
+        story.say(f"✓ stopped; logs are in {workdir / 'logs'}")
+    return code

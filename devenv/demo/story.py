@@ -1,0 +1,696 @@
+"""The demo's story, one method per step, run in order by `Demo.run()`.
+
+Holds: every step either happens within its timeout or raises `StepFailed` (a child process
+dying fails the step at once); `Demo.close()` stops every process the demo started, also after a
+failure or Ctrl-C; nothing printed contains a token, a key or a kubeconfig (tokens are named by
+length and sha256 prefix).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from devenv import clusters
+from devenv.clusters import Binaries, TestCluster
+from devenv.demo import observe, world
+from devenv.demo.console import StepFailed, Story, table
+from devenv.demo.observe import SimAdmin
+from devenv.demo.processes import Child, ChildDied, Processes, wait_for_json_line
+from devenv.demo.world import RuntimeSpec
+from devenv.runtime_agent_sim import TokenSecret, token_fingerprint
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MAPPING_CRDS = REPO_ROOT / "charts" / "compass-broker" / "crds"
+SIM_CLIENT_ID = "compass-broker-demo"
+CLUSTER_NAMES = ("kcp", "runtime-a", "runtime-b")
+DEMO_MARKER = "KYMA_COMPASS_PULL_DEMO"  # in every child's environment: the work folder
+BACKOFFS_TO_SHOW = 3  # temporary answers agent B must get while Compass is down
+
+# Short timers, so the whole story fits in well under two minutes. Production defaults are in
+# docs/broker.md and docs/agent.md.
+BROKER_TIMERS = {
+    "BROKER_BREAKER_FAILURE_THRESHOLD": "3",
+    "BROKER_BREAKER_OPEN_SECONDS": "4",
+    "BROKER_RETRY_AFTER_JITTER_SECONDS": "1",
+    "BROKER_DIRECTOR_TIMEOUT_SECONDS": "3",
+    "BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS": "2",
+    "BROKER_SWEEP_INTERVAL_SECONDS": "5",
+    "BROKER_LEASE_DURATION_SECONDS": "4",
+    "BROKER_LEASE_RENEW_SECONDS": "1",
+}
+AGENT_TIMERS = {
+    "AGENT_BACKOFF_BASE": "0.5",
+    "AGENT_BACKOFF_CAP": "4",
+    "AGENT_BROKER_TIMEOUT": "10",
+    "AGENT_HANDOVER_GRACE": "15",
+    "AGENT_CONNECTION_GRACE": "30",
+    "AGENT_REFUSAL_CADENCE": "10",
+    "AGENT_RESYNC_PERIOD": "30",
+    "AGENT_LEASE_DURATION": "6",
+    "AGENT_LEASE_RENEW": "2",
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    workdir: Path
+    keep: bool = False
+    outage: str = "refuse"
+    timeout_scale: float = 1.0
+
+
+@dataclass
+class Runtime:
+    """One runtime of the demo: its API server, its agent and its simulated runtime agent."""
+
+    spec: RuntimeSpec
+    cluster: TestCluster
+    token_file: Path
+    agent: Child | None = None
+    agent_port: int = 0
+    runtime_agent: Child | None = None
+    compass_runtime_id: str = ""
+
+    @property
+    def agent_url(self) -> str:
+        return f"http://127.0.0.1:{self.agent_port}"
+
+
+@dataclass
+class Summary:
+    rows: list[list[str]] = field(default_factory=list)
+    calls: dict[str, str] = field(default_factory=dict)
+
+
+def _child_env(**values: str) -> dict[str, str]:
+    """Our environment without settings meant for someone else, plus `values`."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("BROKER_", "AGENT_", "COMPASS_SIM_")) and k != "KUBECONFIG"
+    }
+    env.update(values)
+    return env
+
+
+def _marked(workdir: Path, **values: str) -> dict[str, str]:
+    """`_child_env` plus a marker naming the demo's work folder, so leftovers can be found."""
+    return _child_env(**{DEMO_MARKER: str(workdir)}, **values)
+
+
+def _short(token: str) -> str:
+    return f"{len(token)} chars, sha256:{token_fingerprint(token)}"
+
+
+class Demo:
+    def __init__(self, options: Options, story: Story) -> None:
+        self.options = options
+        self.story = story
+        self.workdir = options.workdir
+        self.secrets_dir = self.workdir / "secrets"
+        self.secrets_dir.mkdir(parents=True, exist_ok=True)
+        self.processes = Processes(self.workdir)
+        self.clusters: dict[str, TestCluster] = {}
+        self.runtimes: dict[str, Runtime] = {}
+        self.specs = {
+            "A": RuntimeSpec.new("A", managed=True),
+            "B": RuntimeSpec.new("B", managed=False),
+        }
+        self.sim: SimAdmin | None = None
+        self.sim_urls: dict[str, str] = {}
+        self.broker: Child | None = None
+        self.broker_url = ""
+        self._tokens_projected_at = 0.0
+        self.finished = False  # every step happened
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _timeout(self, seconds: float) -> float:
+        return seconds * self.options.timeout_scale
+
+    def _guard(self) -> None:
+        try:
+            self.processes.check_alive()
+        except ChildDied as exc:
+            raise StepFailed(str(exc)) from exc
+
+    @property
+    def kcp(self) -> TestCluster:
+        return self.clusters["kcp"]
+
+    @property
+    def compass(self) -> SimAdmin:
+        assert self.sim is not None, "the simulator is not running"
+        return self.sim
+
+    def _logs(self, *children: Child | None) -> list[Path]:
+        return [c.log_path for c in children if c is not None]
+
+    # -- the story -------------------------------------------------------------------------
+
+    def run(self) -> Summary:
+        binaries = self.find_binaries()
+        self.start_clusters(binaries)
+        self.start_compass()
+        self.seed_control_plane()
+        self.prepare_runtimes()
+        self.start_broker()
+        self.start_agents()
+        self.enable_module_in_a()
+        self.runtime_agent_connects(self.runtimes["A"])
+        self.take_compass_down()
+        self.enable_module_in_b_while_down()
+        self.bring_compass_back()
+        self.runtime_agent_connects(self.runtimes["B"])
+        self.delete_kyma_a()
+        summary = self.summarize()
+        self.finished = True
+        return summary
+
+    def find_binaries(self) -> Binaries:
+        self.story.step("Control-plane binaries (kube-apiserver, etcd)")
+        try:
+            binaries = clusters.find_binaries()
+        except clusters.ClusterError as exc:
+            raise StepFailed(str(exc)) from exc
+        self.story.done(f"found in {binaries.folder}")
+        return binaries
+
+    def start_clusters(self, binaries: Binaries) -> None:
+        self.story.step(
+            "Three API servers: control plane (KCP), runtime A (managed), runtime B (BYOC)"
+        )
+        self.story.waiting("starting etcd + kube-apiserver for each, in parallel, and the CRDs")
+
+        def start(name: str) -> None:
+            folder = self.workdir / "clusters" / name
+            folder.mkdir(parents=True, exist_ok=True)
+            cluster = clusters.start_cluster(name, binaries, workdir=folder)
+            self.clusters[name] = cluster  # recorded at once, so close() stops it whatever happens
+            crds = clusters.kyma_crds()
+            if name == "kcp":
+                crds += sorted(MAPPING_CRDS.glob("*.yaml"))
+            cluster.apply_crds(crds)
+
+        try:
+            with ThreadPoolExecutor(max_workers=3) as pool:
+                list(pool.map(start, CLUSTER_NAMES))
+        except clusters.ClusterError as exc:
+            raise StepFailed(f"a cluster did not start: {exc}") from exc
+        for name in CLUSTER_NAMES:
+            self.story.detail(f"{name:<10} {self.clusters[name].server}")
+        self.story.done(
+            "Kyma, ApplicationConnector, CompassConnection CRDs everywhere; "
+            "CompassManagerMapping CRD in KCP"
+        )
+
+    def start_compass(self) -> None:
+        self.story.step("Compass simulator (OAuth2 token endpoint, Director, Connector)")
+        secret = secrets.token_urlsafe(24)
+        child = self.processes.start(
+            "compass-sim",
+            [sys.executable, "-m", "devenv.compass_sim", "--client-id", SIM_CLIENT_ID],
+            env=_marked(self.workdir, COMPASS_SIM_CLIENT_SECRET=secret),
+        )
+        self.story.waiting("python -m devenv.compass_sim")
+        try:
+            self.sim_urls = wait_for_json_line(
+                child, lambda e: "admin_url" in e, timeout=self._timeout(20)
+            )
+        except (ChildDied, TimeoutError) as exc:
+            raise StepFailed(
+                f"the Compass simulator did not start: {exc}", logs=[child.log_path]
+            ) from exc
+        self.sim = SimAdmin(self.sim_urls["admin_url"])
+        world.write_director_credentials(
+            self.secrets_dir / "director-credentials.yaml",
+            client_id=SIM_CLIENT_ID,
+            secret=secret,
+            token_url=self.sim_urls["token_url"],
+        )
+        self.story.detail(f"Director  {self.sim_urls['director_url']}")
+        self.story.detail(f"Connector {self.sim_urls['connector_url']}")
+        self.story.detail(f"admin     {self.sim_urls['admin_url']}/_sim/ (faults, runtimes, calls)")
+        self.story.done(
+            "Compass is up; the broker gets OAuth client credentials in "
+            "compass-manager's file format"
+        )
+
+    def seed_control_plane(self) -> None:
+        self.story.step(
+            "KCP: Kyma CRs and runtime kubeconfig Secrets, as the control plane has them"
+        )
+        for key, name in (("A", "runtime-a"), ("B", "runtime-b")):
+            spec = self.specs[key]
+            world.seed_control_plane(self.kcp, spec, self.clusters[name])
+            self.story.detail(
+                f"{spec.title}: Kyma {world.KCP_NAMESPACE}/{spec.kyma_name}, shoot {spec.shoot}, "
+                f"global account {spec.global_account[:8]}…, plan azure"
+            )
+            self.story.detail(
+                f"{' ' * len(spec.title)}  Secret {world.KCP_NAMESPACE}/kubeconfig-{spec.kyma_name}"
+                " (key config)"
+            )
+        self.story.done("no module enabled yet: nothing talks to Compass")
+
+    def prepare_runtimes(self) -> None:
+        self.story.step("Runtimes: the agent's ServiceAccount and its projected token")
+        for key, name in (("A", "runtime-a"), ("B", "runtime-b")):
+            spec, cluster = self.specs[key], self.clusters[name]
+            world.prepare_runtime(cluster, spec)
+            runtime = Runtime(spec, cluster, self.secrets_dir / f"sa-token-{name}")
+            token = world.project_token(cluster, runtime.token_file)
+            self.runtimes[key] = runtime
+            where = (
+                "Kyma kyma-system/default labelled with the runtime ID by KLM"
+                if spec.managed
+                else "no Kyma CR (bring your own cluster): the agent is told the runtime ID"
+            )
+            self.story.detail(f"{spec.title}: {where}")
+            self.story.detail(
+                f"{' ' * len(spec.title)}  token of kyma-system/compass-agent, audience "
+                f"{world.AUDIENCE}: {_short(token)}"
+            )
+        self._tokens_projected_at = time.monotonic()
+        self.story.done("tokens written to files, as the kubelet projects them")
+
+    def start_broker(self) -> None:
+        self.story.step("Broker in the control plane (python -m control_plane_broker)")
+        assert self.sim_urls
+        env = _marked(
+            self.workdir,
+            KUBECONFIG=str(self.kcp.kubeconfig_path),
+            BROKER_DIRECTOR_URL=self.sim_urls["director_url"],
+            BROKER_DIRECTOR_CREDENTIALS_FILE=str(self.secrets_dir / "director-credentials.yaml"),
+            BROKER_KCP_NAMESPACE=world.KCP_NAMESPACE,
+            BROKER_LEASE_NAMESPACE=world.KCP_NAMESPACE,
+            BROKER_HOST="127.0.0.1",
+            BROKER_PORT="0",
+            BROKER_IDENTITY_MODE="tokenreview",
+            BROKER_AUDIENCE=world.AUDIENCE,
+            BROKER_ALLOWED_SERVICE_ACCOUNTS=f"{world.RUNTIME_NAMESPACE}/{world.AGENT_SERVICE_ACCOUNT}",
+            **BROKER_TIMERS,
+        )
+        child = self.processes.start(
+            "broker", [sys.executable, "-m", "control_plane_broker"], env=env
+        )
+        self.broker = child
+        self.story.waiting("waiting for it to listen and to sync its Kyma cache")
+        try:
+            entry = wait_for_json_line(
+                child, lambda e: e.get("msg") == "listening", timeout=self._timeout(30)
+            )
+        except (ChildDied, TimeoutError) as exc:
+            raise StepFailed(f"the broker did not start: {exc}", logs=[child.log_path]) from exc
+        self.broker_url = f"http://127.0.0.1:{entry['port']}"
+        self.story.wait_for(
+            "broker /readyz",
+            lambda: _http_ok(f"{self.broker_url}/readyz"),
+            timeout=self._timeout(30),
+            guard=self._guard,
+            logs=[child.log_path],
+        )
+        self.story.done(
+            f"{self.broker_url}: identity by TokenReview on the asking runtime's API server, "
+            f"breaker opens after {BROKER_TIMERS['BROKER_BREAKER_FAILURE_THRESHOLD']} failures "
+            f"for {BROKER_TIMERS['BROKER_BREAKER_OPEN_SECONDS']} s"
+        )
+
+    def start_agents(self) -> None:
+        self.story.step(
+            "One agent per runtime (python -m agent) and a simulated compass-runtime-agent"
+        )
+        for runtime in self.runtimes.values():
+            self._start_agent(runtime)
+            self._start_runtime_agent(runtime)
+        for runtime in self.runtimes.values():
+            assert runtime.agent is not None
+            try:
+                entry = wait_for_json_line(
+                    runtime.agent,
+                    lambda e: e.get("msg") == "agent started",
+                    timeout=self._timeout(30),
+                )
+            except (ChildDied, TimeoutError) as exc:
+                raise StepFailed(
+                    f"agent {runtime.spec.key} did not start: {exc}", logs=[runtime.agent.log_path]
+                ) from exc
+            runtime.agent_port = int(entry["health_port"])
+        for runtime in self.runtimes.values():
+            url = f"{runtime.agent_url}/readyz"
+            self.story.wait_for(
+                f"agent {runtime.spec.key} /readyz (its watches have listed once)",
+                _answers_ok(url),
+                timeout=self._timeout(30),
+                guard=self._guard,
+                logs=self._logs(runtime.agent),
+            )
+        for runtime in self.runtimes.values():
+            source = "from the Kyma CR label" if runtime.spec.managed else "from AGENT_RUNTIME_ID"
+            self.story.detail(
+                f"agent {runtime.spec.key}: {runtime.agent_url}/metrics, runtime ID "
+                f"{runtime.spec.runtime_id} {source}"
+            )
+        self.story.done("agents ready and idle: the module is not enabled anywhere yet")
+
+    def _start_agent(self, runtime: Runtime) -> None:
+        spec = runtime.spec
+        env = _marked(
+            self.workdir,
+            AGENT_BROKER_URL=self.broker_url,
+            AGENT_KUBECONFIG=str(runtime.cluster.kubeconfig_path),
+            AGENT_SA_TOKEN_FILE=str(runtime.token_file),
+            AGENT_AUDIENCE=world.AUDIENCE,
+            AGENT_NAMESPACE=world.RUNTIME_NAMESPACE,
+            AGENT_HEALTH_ADDRESS="127.0.0.1:0",
+            AGENT_IDENTITY=f"compass-agent-{spec.key.lower()}",
+            **AGENT_TIMERS,
+        )
+        if not spec.managed:
+            env["AGENT_RUNTIME_ID"] = spec.runtime_id
+        runtime.agent = self.processes.start(
+            f"agent-{spec.key.lower()}", [sys.executable, "-m", "agent"], env=env
+        )
+
+    def _start_runtime_agent(self, runtime: Runtime) -> None:
+        runtime.runtime_agent = self.processes.start(
+            f"runtime-agent-{runtime.spec.key.lower()}",
+            [
+                sys.executable,
+                "-m",
+                "devenv.runtime_agent_sim",
+                "--kubeconfig",
+                str(runtime.cluster.kubeconfig_path),
+                "--interval",
+                "0.3",
+            ],
+            env=_marked(self.workdir),
+        )
+
+    def _wait_for_secret(self, runtime: Runtime, *, timeout: float) -> TokenSecret:
+        secret: TokenSecret = self.story.wait_for(
+            f"agent {runtime.spec.key} pulls a token and writes "
+            f"{world.RUNTIME_NAMESPACE}/{world.TOKEN_SECRET}",
+            lambda: world.token_secret(runtime.cluster),
+            timeout=timeout,
+            guard=self._guard,
+            logs=self._logs(runtime.agent, self.broker),
+        )
+        runtime.compass_runtime_id = secret.runtime_id
+        self.story.detail(f"RUNTIME_ID    {secret.runtime_id} (the Compass runtime ID)")
+        self.story.detail(f"TENANT        {secret.tenant} (the global account)")
+        self.story.detail(f"CONNECTOR_URL {secret.connector_url}")
+        self.story.detail(f"TOKEN         {_short(secret.token)}")
+        return secret
+
+    def enable_module_in_a(self) -> None:
+        runtime = self.runtimes["A"]
+        self.story.step(f"The application-connector module is enabled in {runtime.spec.title}")
+        self.story.detail(world.enable_module(self.kcp, runtime.cluster, runtime.spec))
+        self._wait_for_secret(runtime, timeout=self._timeout(30))
+        registered = self.compass.runtimes(runtime.spec.global_account)
+        self.story.done(
+            f"token pulled and secret written; Compass has {len(registered)} runtime for this "
+            f"global account: {', '.join(r['name'] for r in registered)}"
+        )
+
+    def runtime_agent_connects(self, runtime: Runtime) -> None:
+        self.story.step(f"compass-runtime-agent (simulated) in {runtime.spec.title} connects")
+        self.story.detail(
+            "reads the secret, calls Connector `configuration` with Connector-Token, makes an "
+            "RSA key and a CSR for the returned subject, `signCertificateSigningRequest`"
+        )
+        state = self.story.wait_for(
+            "CompassConnection compass-connection: Connected",
+            lambda: _connected(runtime.cluster),
+            timeout=self._timeout(20),
+            guard=self._guard,
+            logs=self._logs(runtime.runtime_agent),
+        )
+        subject, not_after = _client_certificate(runtime.cluster)
+        self.story.done(
+            f"{state}: client certificate {subject}, valid until {not_after}; "
+            f"Connector tokens used: {self.compass.connector_exchanges(runtime.compass_runtime_id)}"
+            " (the one-time token, then the CSR token)"
+        )
+
+    def take_compass_down(self) -> None:
+        self.story.step(f"Compass becomes unavailable (simulator fault down={self.options.outage})")
+        self.compass.set_down(self.options.outage)
+        if self.options.outage == "refuse":
+            self.story.wait_for(
+                "Director, Connector and OAuth refuse connections",
+                lambda: not self.compass.listening(),
+                timeout=self._timeout(10),
+                guard=self._guard,
+            )
+        self.story.done("Compass is down; runtime A stays Connected, it needs nothing from it")
+
+    def enable_module_in_b_while_down(self) -> None:
+        runtime = self.runtimes["B"]
+        assert runtime.agent is not None
+        self.story.step(f"The module is enabled in {runtime.spec.title} while Compass is down")
+        self.story.detail(world.enable_module(self.kcp, runtime.cluster, runtime.spec))
+        agent_log = runtime.agent.log_path
+        backoffs = self.story.wait_for(
+            f"agent B asks, the broker answers 503 + Retry-After, agent B backs off "
+            f"({BACKOFFS_TO_SHOW} attempts)",
+            lambda: _at_least(observe.agent_backoffs(agent_log), BACKOFFS_TO_SHOW),
+            timeout=self._timeout(40),
+            guard=self._guard,
+            logs=self._logs(runtime.agent, self.broker),
+        )
+        broker = observe.scrape(f"{self.broker_url}/metrics")
+        outcomes = observe.samples_by_label(broker, "broker_token_requests_total", "outcome")
+        breaker = observe.sample(broker, "broker_circuit_breaker_open")
+        answers = ", ".join(f"{s}: {int(n)}" for s, n in sorted(outcomes.items()) if n)
+        self.story.detail(
+            f"agent B: {len(backoffs)} temporary answers "
+            f"({', '.join(sorted({f'{b.status} {b.reason}' for b in backoffs}))}); "
+            f"Retry-After {observe.seconds_list(b.retry_after for b in backoffs)}"
+        )
+        self.story.detail(
+            f"broker: token requests {answers or 'none'}; circuit breaker "
+            f"{'open' if breaker else 'closed'}"
+        )
+        self._check_nothing_failed()
+        self.story.done(
+            "nothing failed: every process runs, agent B is healthy and keeps retrying, "
+            "runtime A is still Connected, runtime B has no secret yet"
+        )
+
+    def _check_nothing_failed(self) -> None:
+        self._guard()
+        runtime_a, runtime_b = self.runtimes["A"], self.runtimes["B"]
+        problems = []
+        if not _http_ok(f"{runtime_b.agent_url}/healthz"):
+            problems.append("agent B /healthz is not 200")
+        if world.token_secret(runtime_b.cluster) is not None:
+            problems.append("runtime B has a token secret although Compass is down")
+        if world.connection_state(runtime_a.cluster) != "Connected":
+            problems.append("runtime A lost its connection")
+        agent_a = observe.scrape(f"{runtime_a.agent_url}/metrics")
+        if observe.sample(agent_a, "compass_agent_pull_attempts_total", outcome="temporary"):
+            problems.append("agent A asked the broker during the outage")
+        if problems:
+            raise StepFailed("; ".join(problems), logs=self._logs(runtime_b.agent, self.broker))
+
+    def bring_compass_back(self) -> None:
+        runtime = self.runtimes["B"]
+        self.story.step("Compass is back (faults cleared)")
+        self.compass.clear_faults()
+        self.story.wait_for(
+            "Compass listens again",
+            self.compass.listening,
+            timeout=self._timeout(10),
+            guard=self._guard,
+        )
+        self._wait_for_secret(runtime, timeout=self._timeout(40))
+        attempts = observe.samples_by_label(
+            observe.scrape(f"{runtime.agent_url}/metrics"),
+            "compass_agent_pull_attempts_total",
+            "outcome",
+        )
+        registered = self.compass.runtimes(runtime.spec.global_account)
+        self.story.done(
+            f"runtime B got its token after {int(attempts.get('temporary', 0))} temporary "
+            f"answers ({int(attempts.get('issued', 0))} token issued); Compass has "
+            f"{len(registered)} runtime for its global account"
+        )
+
+    def delete_kyma_a(self) -> None:
+        runtime = self.runtimes["A"]
+        spec = runtime.spec
+        self.story.step(f"Kyma of {spec.title} is deleted in KCP")
+        world.delete_kyma(self.kcp, spec)
+        self.story.detail(f"Kyma {world.KCP_NAMESPACE}/{spec.kyma_name} deleted")
+        self.story.wait_for(
+            f"the broker's reconciler unregisters {runtime.compass_runtime_id} from Director",
+            lambda: not self.compass.runtimes(spec.global_account),
+            timeout=self._timeout(30),
+            guard=self._guard,
+            logs=self._logs(self.broker),
+        )
+        self.story.wait_for(
+            "its CompassManagerMapping is removed",
+            lambda: not world.mapping_exists(self.kcp, spec),
+            timeout=self._timeout(15),
+            guard=self._guard,
+            logs=self._logs(self.broker),
+        )
+        reasons = observe.samples_by_label(
+            observe.scrape(f"{self.broker_url}/metrics"), "broker_unregistrations_total", "reason"
+        )
+        counted = ", ".join(f"{r}: {int(n)}" for r, n in sorted(reasons.items()) if n)
+        self.story.done(
+            f"runtime A is no longer in Compass and its mapping is gone "
+            f"(broker unregistrations: {counted or 'none'})"
+        )
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def summarize(self) -> Summary:
+        summary = Summary()
+        problems = []
+        for runtime in self.runtimes.values():
+            spec = runtime.spec
+            in_compass = [r["id"] for r in self.compass.runtimes(spec.global_account)]
+            if not in_compass:
+                registration = "unregistered"
+            elif in_compass == [runtime.compass_runtime_id]:
+                registration = "registered"
+            else:
+                registration = f"{len(in_compass)} registrations"
+                problems.append(f"{spec.title}: {registration} in Compass, expected one")
+            calls = self.compass.director_calls(spec.global_account)
+            secret = world.token_secret(runtime.cluster)
+            summary.rows.append(
+                [
+                    spec.title,
+                    runtime.compass_runtime_id or "-",
+                    registration,
+                    "yes" if secret else "no",
+                    world.connection_state(runtime.cluster),
+                    str(calls.total),
+                ]
+            )
+            summary.calls[spec.title] = calls.describe()
+        expected = {"A": "unregistered", "B": "registered"}
+        for key, row in zip(self.runtimes, summary.rows, strict=True):
+            if row[2] != expected[key] or row[4] != "Connected" or row[3] != "yes":
+                problems.append(f"runtime {key}: {row[2]}, secret {row[3]}, {row[4]}")
+        self._print_summary(summary)
+        if problems:
+            raise StepFailed("the end state is not the expected one: " + "; ".join(problems))
+        return summary
+
+    def _print_summary(self, summary: Summary) -> None:
+        self.story.step("Summary")
+        headers = [
+            "runtime",
+            "Compass runtime ID",
+            "in Compass",
+            "secret",
+            "connection",
+            "Director calls",
+        ]
+        self.story.say()
+        for line in table(headers, summary.rows):
+            self.story.say(f"  {line}")
+        self.story.say()
+        self.story.say("  Director calls by operation (as the simulator recorded them):")
+        for title, calls in summary.calls.items():
+            self.story.say(f"    {title}: {calls}")
+
+    # -- keeping it running ------------------------------------------------------------------
+
+    def print_access(self) -> None:
+        self.story.say()
+        self.story.say("Everything keeps running; Ctrl-C stops it all.")
+        for name in CLUSTER_NAMES:
+            self.story.say(f"  {name:<10} KUBECONFIG={self.clusters[name].kubeconfig_path}")
+        self.story.say(f"  Compass    Director {self.sim_urls['director_url']}")
+        self.story.say(f"             Connector {self.sim_urls['connector_url']}")
+        self.story.say(
+            f"             admin {self.sim_urls['admin_url']}/_sim/ "
+            f"(e.g. curl {self.sim_urls['admin_url']}/_sim/runtimes)"
+        )
+        self.story.say(f"  broker     {self.broker_url}  (/metrics, /readyz)")
+        for runtime in self.runtimes.values():
+            self.story.say(
+                f"  agent {runtime.spec.key}    {runtime.agent_url}  (/metrics, /readyz)"
+            )
+        self.story.say(f"  logs       {self.processes.log_dir}")
+
+    def keep_running(self) -> None:
+        """Until Ctrl-C: refresh the projected tokens as the kubelet would; stop if a child dies."""
+        refresh_every = world.SA_TOKEN_SECONDS * 0.8
+        while True:
+            time.sleep(1.0)
+            self._guard()
+            if time.monotonic() - self._tokens_projected_at > refresh_every:
+                for runtime in self.runtimes.values():
+                    world.project_token(runtime.cluster, runtime.token_file)
+                self._tokens_projected_at = time.monotonic()
+
+    # -- cleaning up -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stops every process the demo started and removes keys and cluster data."""
+        self.processes.stop_all()
+        if self.sim is not None:
+            self.sim.close()
+        for cluster in list(self.clusters.values()):
+            cluster.stop()
+        self.clusters.clear()
+        shutil.rmtree(self.secrets_dir, ignore_errors=True)
+        for folder in (self.workdir / "clusters").glob("*"):
+            for sensitive in ("etcd", "pki"):
+                shutil.rmtree(folder / sensitive, ignore_errors=True)
+            (folder / "admin.kubeconfig").unlink(missing_ok=True)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _answers_ok(url: str) -> Callable[[], bool]:
+    return lambda: _http_ok(url)
+
+
+def _at_least(items: list[observe.Backoff], count: int) -> list[observe.Backoff] | None:
+    return items if len(items) >= count else None
+
+
+def _connected(cluster: TestCluster) -> str | None:
+    state = world.connection_state(cluster)
+    return state if state == "Connected" else None
+
+
+def _client_certificate(cluster: TestCluster) -> tuple[str, str]:
+    """Subject and expiry of the certificate the runtime agent stored (nothing secret)."""
+    found = cluster.core.read_namespaced_secret("cluster-client-certificates", "kyma-system")
+    pem = base64.b64decode((found.data or {})["crt"])
+    certificate = x509.load_pem_x509_certificate(pem)
+    names = [
+        f"{label}={attribute.value!s}"
+        for label, oid in (("CN", NameOID.COMMON_NAME), ("O", NameOID.ORGANIZATION_NAME))
+        for attribute in certificate.subject.get_attributes_for_oid(oid)
+    ]
+    return ", ".join(names), certificate.not_valid_after_utc.strftime("%Y-%m-%d %H:%M UTC")

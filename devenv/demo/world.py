@@ -1,0 +1,261 @@
+"""The demo's Kubernetes objects: what KCP, KLM and the user would create, and how to read them.
+
+Holds: objects look like the real ones (names, namespaces, labels; see the architecture brief):
+- KCP (`kcp-system`): one Kyma CR per runtime, named the lower-cased runtime ID and labelled the
+  way KCP labels it, and the runtime's kubeconfig Secret `kubeconfig-<runtime-id>` (key `config`,
+  label `operator.kyma-project.io/kyma-name`);
+- a managed runtime has the Kyma CR `kyma-system/default` labelled by KLM with its runtime ID; a
+  BYOC runtime has none, its agent is told the runtime ID, and enabling the module there means
+  the module's manager created an `ApplicationConnector` CR;
+- the agent's identity is a ServiceAccount token of `kyma-system/compass-agent` with the
+  broker's audience, written to a file as the kubelet projects it.
+Nothing here prints a token.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from devenv.clusters import TestCluster
+from devenv.runtime_agent_sim import TokenSecret
+
+KCP_NAMESPACE = "kcp-system"
+RUNTIME_NAMESPACE = "kyma-system"
+AGENT_SERVICE_ACCOUNT = "compass-agent"
+AUDIENCE = "compass-broker"
+MODULE = "application-connector"
+TOKEN_SECRET = "compass-agent-configuration"  # noqa: S105 - a name
+SA_TOKEN_SECONDS = 600  # what the agent chart projects: short-lived, rotated by the kubelet
+
+KYMA = ("operator.kyma-project.io", "v1beta2", "kymas")
+MAPPING = ("operator.kyma-project.io", "v1beta1", "compassmanagermappings")
+APPLICATION_CONNECTOR = ("operator.kyma-project.io", "v1alpha1", "applicationconnectors")
+COMPASS_CONNECTION = ("compass.kyma-project.io", "v1alpha1", "compassconnections")
+AZURE_PLAN_ID = "4deee563-e5ec-4731-b9b1-53b42d855f0c"  # KEB's ID of the "azure" plan
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """One Kyma runtime of the demo, as KCP knows it."""
+
+    key: str  # "A" or "B"
+    managed: bool
+    runtime_id: str
+    global_account: str
+    subaccount: str
+    shoot: str
+    instance_id: str
+
+    @classmethod
+    def new(cls, key: str, *, managed: bool) -> RuntimeSpec:
+        return cls(
+            key=key,
+            managed=managed,
+            runtime_id=str(uuid.uuid4()),
+            global_account=str(uuid.uuid4()),
+            subaccount=str(uuid.uuid4()),
+            shoot=f"c-{uuid.uuid4().hex[:7]}",
+            instance_id=str(uuid.uuid4()),
+        )
+
+    @property
+    def kyma_name(self) -> str:
+        return self.runtime_id.lower()
+
+    @property
+    def title(self) -> str:
+        return f"runtime {self.key} ({'managed' if self.managed else 'BYOC'})"
+
+    def kcp_labels(self) -> dict[str, str]:
+        return {
+            "kyma-project.io/runtime-id": self.runtime_id,
+            "kyma-project.io/global-account-id": self.global_account,
+            "kyma-project.io/subaccount-id": self.subaccount,
+            "kyma-project.io/shoot-name": self.shoot,
+            "kyma-project.io/instance-id": self.instance_id,
+            "kyma-project.io/broker-plan-id": AZURE_PLAN_ID,
+            "kyma-project.io/broker-plan-name": "azure",
+            "kyma-project.io/region": "westeurope",
+            "operator.kyma-project.io/kyma-name": self.kyma_name,
+        }
+
+    def skr_labels(self) -> dict[str, str]:
+        """What KLM puts on `kyma-system/default` in a managed runtime."""
+        return {
+            "kyma-project.io/runtime-id": self.runtime_id,
+            "kyma-project.io/global-account-id": self.global_account,
+            "kyma-project.io/subaccount-id": self.subaccount,
+        }
+
+
+def _ignore_conflict(exc: ApiException) -> None:
+    if exc.status != 409:
+        raise exc
+
+
+def _kyma(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{KYMA[0]}/{KYMA[1]}",
+        "kind": "Kyma",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"channel": "regular", "modules": []},
+    }
+
+
+# -- seeding -----------------------------------------------------------------------------
+
+
+def seed_control_plane(kcp: TestCluster, spec: RuntimeSpec, runtime: TestCluster) -> None:
+    """The Kyma CR (no modules yet) and the runtime's kubeconfig Secret, as KCP has them."""
+    kcp.create_namespace(KCP_NAMESPACE)
+    kcp.custom.create_namespaced_custom_object(
+        *KYMA[:2], KCP_NAMESPACE, KYMA[2], _kyma(spec.kyma_name, KCP_NAMESPACE, spec.kcp_labels())
+    )
+    secret = client.V1Secret(
+        metadata=client.V1ObjectMeta(
+            name=f"kubeconfig-{spec.kyma_name}",
+            labels={"operator.kyma-project.io/kyma-name": spec.kyma_name},
+        ),
+        type="Opaque",
+        data={"config": base64.b64encode(runtime.kubeconfig_text.encode()).decode()},
+    )
+    try:
+        kcp.core.create_namespaced_secret(KCP_NAMESPACE, secret)
+    except ApiException as exc:
+        _ignore_conflict(exc)
+
+
+def prepare_runtime(cluster: TestCluster, spec: RuntimeSpec) -> None:
+    """`kyma-system`, the agent's ServiceAccount and, in a managed runtime, KLM's Kyma CR."""
+    cluster.ensure_service_account(RUNTIME_NAMESPACE, AGENT_SERVICE_ACCOUNT)
+    if spec.managed:
+        cluster.custom.create_namespaced_custom_object(
+            *KYMA[:2],
+            RUNTIME_NAMESPACE,
+            KYMA[2],
+            _kyma("default", RUNTIME_NAMESPACE, spec.skr_labels()),
+        )
+
+
+def project_token(cluster: TestCluster, path: Path) -> str:
+    """Writes a fresh agent ServiceAccount token to `path` (what the kubelet does); returns it."""
+    token = cluster.service_account_token(
+        RUNTIME_NAMESPACE,
+        AGENT_SERVICE_ACCOUNT,
+        audiences=[AUDIENCE],
+        expiration_seconds=SA_TOKEN_SECONDS,
+    )
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(token)
+    tmp.chmod(0o600)
+    tmp.replace(path)  # atomically, as the kubelet swaps its symlink: no half-written token
+    return token
+
+
+def write_director_credentials(path: Path, *, client_id: str, secret: str, token_url: str) -> None:
+    """compass-manager's credentials format, as mounted from its Secret."""
+    path.write_text(
+        f"data:\n  client_id: {client_id}\n  client_secret: {secret}\n"
+        f"  tokens_endpoint: {token_url}\n"
+    )
+    path.chmod(0o600)
+
+
+# -- what users, KLM and KCP do ------------------------------------------------------------
+
+
+def _add_module(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
+    kyma = cast(
+        dict[str, Any], custom.get_namespaced_custom_object(*KYMA[:2], namespace, KYMA[2], name)
+    )
+    modules = list(kyma.get("spec", {}).get("modules") or [])
+    if all(m.get("name") != MODULE for m in modules):
+        modules.append({"name": MODULE})
+    custom.patch_namespaced_custom_object(
+        *KYMA[:2], namespace, KYMA[2], name, {"spec": {"modules": modules}}
+    )
+
+
+def enable_module(kcp: TestCluster, cluster: TestCluster, spec: RuntimeSpec) -> str:
+    """Turns the module on in the runtime and in KCP; returns what was done, in words."""
+    if spec.managed:
+        # The user edits the runtime's Kyma CR; KLM syncs spec.modules to the KCP Kyma.
+        _add_module(cluster.custom, RUNTIME_NAMESPACE, "default")
+        done = f"{MODULE} added to spec.modules of Kyma {RUNTIME_NAMESPACE}/default in the runtime"
+    else:
+        # In a BYOC cluster the module's manager creates its CR when the module is installed.
+        body = {
+            "apiVersion": f"{APPLICATION_CONNECTOR[0]}/{APPLICATION_CONNECTOR[1]}",
+            "kind": "ApplicationConnector",
+            "metadata": {"name": "applicationconnector", "namespace": RUNTIME_NAMESPACE},
+            "spec": {},
+        }
+        try:
+            cluster.custom.create_namespaced_custom_object(
+                *APPLICATION_CONNECTOR[:2], RUNTIME_NAMESPACE, APPLICATION_CONNECTOR[2], body
+            )
+        except ApiException as exc:
+            _ignore_conflict(exc)
+        done = (
+            f"ApplicationConnector {RUNTIME_NAMESPACE}/applicationconnector created in the runtime"
+        )
+    _add_module(kcp.custom, KCP_NAMESPACE, spec.kyma_name)
+    return f"{done}; KCP Kyma {KCP_NAMESPACE}/{spec.kyma_name} lists the module"
+
+
+def delete_kyma(kcp: TestCluster, spec: RuntimeSpec) -> None:
+    kcp.custom.delete_namespaced_custom_object(*KYMA[:2], KCP_NAMESPACE, KYMA[2], spec.kyma_name)
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+def _get(read: Any, *args: Any) -> Any | None:
+    try:
+        return read(*args)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def token_secret(cluster: TestCluster) -> TokenSecret | None:
+    found = _get(cluster.core.read_namespaced_secret, TOKEN_SECRET, RUNTIME_NAMESPACE)
+    return None if found is None else TokenSecret.from_data(found.data)
+
+
+def connection(cluster: TestCluster) -> dict[str, Any]:
+    """`status` of the CompassConnection (empty while there is none)."""
+    found = _get(
+        cluster.custom.get_cluster_custom_object, *COMPASS_CONNECTION, "compass-connection"
+    )
+    return dict((found or {}).get("status") or {})
+
+
+def connection_state(cluster: TestCluster) -> str:
+    return str(connection(cluster).get("connectionState") or "none")
+
+
+def mapping_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:
+    found = _get(
+        kcp.custom.get_namespaced_custom_object,
+        *MAPPING[:2],
+        KCP_NAMESPACE,
+        MAPPING[2],
+        spec.kyma_name,
+    )
+    return found is not None
+
+
+def kyma_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:
+    found = _get(
+        kcp.custom.get_namespaced_custom_object, *KYMA[:2], KCP_NAMESPACE, KYMA[2], spec.kyma_name
+    )
+    return found is not None
