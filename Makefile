@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 TOOLCHAIN := devenv/toolchain/build.sh
 
-.PHONY: test check lint unit toolchain demo bench lock clean
+.PHONY: test check lint unit toolchain demo bench lock e2e-kind clean
 
 $(INSTALLED): pyproject.toml
 	@echo "==> creating the virtual environment in $(VENV)"
@@ -39,6 +39,10 @@ demo: $(INSTALLED) toolchain
 bench: $(INSTALLED) toolchain
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(PY) -m bench $(BENCH_ARGS)
+
+# Needs Docker and kind; not part of `make test`.
+e2e-kind:
+	bash devenv/kind/e2e.sh
 
 lock: $(INSTALLED)
 	$(VENV)/bin/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \
