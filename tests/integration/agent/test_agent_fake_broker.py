@@ -255,3 +255,20 @@ async def test_refused_asks_rarely_records_why_and_retries_on_change(agent_env: 
 
 async def _quiet(seconds: float) -> None:
     await asyncio.sleep(seconds)
+
+
+async def test_disabling_the_module_cancels_a_pull_in_flight(agent_env: AgentEnv) -> None:
+    broker = FakeBroker(lambda n: problem_reply(503, "urn:compass-unavailable", retry_after="1"))
+    await broker.start()
+    try:
+        await agent_env.start(agent_env.settings(broker.url, backoff_base=0.1, backoff_cap=0.5))
+        agent_env.put_kyma(modules=["application-connector"])
+        await eventually(lambda: len(broker.requests) >= 2, what="retries while unavailable")
+        agent_env.put_kyma(modules=[])
+        await _quiet(0.5)  # a request already on the wire may still land
+        count = len(broker.requests)
+        await _quiet(3.0)
+        assert len(broker.requests) == count  # no token asked for once it is not needed
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()

@@ -159,3 +159,44 @@ async def test_delete_only_touches_a_secret_the_agent_wrote() -> None:
     assert not await delete_managed_secret(client, namespace="n", name="s")
     await client.aclose()
     assert deleted == []
+
+
+async def test_watch_survives_an_unreachable_api_server_with_backoff() -> None:
+    attempts = 0
+    sleeps: list[float] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal attempts
+        if request.url.params.get("watch") == "1":
+            return httpx.Response(200, content=b"")  # the server ends the watch at once
+        attempts += 1
+        if attempts <= 3:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, json={"metadata": {"resourceVersion": "1"}, "items": []})
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        await asyncio.sleep(0)
+
+    client = client_for(httpx.MockTransport(handle))
+    policy = RetryPolicy(base=1.0, cap=4.0, jitter=Jitter.NONE)
+    watcher = Watcher(
+        client,
+        "/api/v1/namespaces/x/secrets",
+        name="t",
+        notify=lambda: None,
+        policy=policy,
+        sleep=sleep,
+    )
+    task = asyncio.create_task(watcher.run())
+    for _ in range(100):
+        if watcher.synced.is_set():
+            break
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await client.aclose()
+    assert watcher.synced.is_set()
+    # Three failed lists, backing off, then a list that works.
+    assert sleeps[:3] == [1.0, 2.0, 4.0]
