@@ -32,9 +32,11 @@ def clusters(
     binaries: Binaries, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, TestCluster]]:
     started: dict[str, TestCluster] = {}
+    # mktemp is not thread-safe: make the folders before the threads start.
+    workdirs = {name: tmp_path_factory.mktemp(name) for name in CLUSTER_NAMES}
 
     def start(name: str) -> TestCluster:
-        cluster = start_cluster(name, binaries, workdir=tmp_path_factory.mktemp(name))
+        cluster = start_cluster(name, binaries, workdir=workdirs[name])
         started[name] = cluster
         cluster.apply_crds(kyma_crds())
         return cluster

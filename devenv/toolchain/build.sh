@@ -38,6 +38,15 @@ require_pinned kube-apiserver "k8s.io/kubernetes v$KUBERNETES_VERSION"
 require_pinned etcd "go.etcd.io/etcd/server/v3 v$ETCD_VERSION"
 
 mkdir -p "$bindir"
+# One build at a time: parallel test runs on a cold cache wait for the first one.
+exec 9>"$bindir/.lock"
+if ! flock -n 9; then
+  say "another build is running; waiting for it ..."
+  flock 9
+fi
+missing=()
+for b in "${binaries[@]}"; do [[ -x "$bindir/$b" ]] || missing+=("$b"); done
+if (( ${#missing[@]} == 0 )); then echo "$bindir"; exit 0; fi
 export GOFLAGS="-mod=readonly -buildvcs=false -trimpath"
 
 build_one() {
