@@ -2,7 +2,8 @@
 
 What always holds: a caller is accepted only as a ServiceAccount on the allow-list, with the
 configured audience, before expiry; the functions raise `IdentityNotProven` (401) when the
-proof itself fails and `IdentityForbidden` (403) when it holds but is not allowed.
+proof itself fails and `IdentityForbidden` (403) when it holds but is not allowed, or is
+a valid-looking ServiceAccount token of another cluster.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 import jwt
 
 from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
+
+IdentityError = IdentityNotProven | IdentityForbidden
 
 SA_PREFIX = "system:serviceaccount:"
 
@@ -63,6 +66,31 @@ def unverified_expiry(token: str) -> float | None:
         return None
     exp = claims.get("exp")
     return float(exp) if isinstance(exp, int | float) else None
+
+
+def refusal_for_foreign_token(token: str, *, audience: str, now: float) -> IdentityError:
+    """The refusal for a token that this runtime's cluster did not accept.
+
+    Read from the unverified claims, so it only chooses *which* refusal to give, never
+    whether to accept: a well-formed, unexpired ServiceAccount token for our audience that
+    the runtime's own cluster rejects was issued by another cluster (or forged), which is
+    an identity, just not this runtime's: 403. Anything less is no identity at all: 401.
+    """
+    try:
+        unverified = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return IdentityNotProven("not a JWT", reason="malformed")
+    exp = unverified.get("exp")
+    if not isinstance(exp, int | float) or exp <= now:
+        return IdentityNotProven("the token has expired", reason="expired")
+    aud = unverified.get("aud")
+    if audience not in ([aud] if isinstance(aud, str) else aud or []):
+        return IdentityNotProven("the token lacks the expected audience", reason="audience")
+    if not str(unverified.get("sub", "")).startswith(SA_PREFIX):
+        return IdentityNotProven("not a ServiceAccount token", reason="not-sa")
+    return IdentityForbidden(
+        "the token was not issued by this runtime's cluster", reason="other-cluster"
+    )
 
 
 def token_fingerprint(runtime_id: str, token: str) -> str:

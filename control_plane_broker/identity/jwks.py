@@ -9,6 +9,7 @@ RS256 and ES256 only; iss, aud, exp, nbf checked. No call per request once keys 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -109,7 +110,15 @@ class JwksVerifier:
             raise IdentityNotProven("not a JWT", reason="malformed") from exc
         if header.get("alg") not in ALGORITHMS:
             raise IdentityNotProven("unsupported signature algorithm", reason="algorithm")
-        issuer, key = await self._key_for(kyma, runtime_id, str(header.get("kid", "")))
+        try:
+            issuer, key = await self._key_for(kyma, runtime_id, str(header.get("kid", "")))
+        except IdentityNotProven as exc:
+            if exc.reason != "unknown-kid":
+                raise
+            # Not signed by any key of this cluster: another cluster's token, or no identity.
+            raise claims.refusal_for_foreign_token(
+                token, audience=self._audience, now=time.time()
+            ) from exc
         try:
             payload = jwt.decode(
                 token,
@@ -124,8 +133,11 @@ class JwksVerifier:
             raise IdentityNotProven("the token has expired", reason="expired") from exc
         except jwt.InvalidAudienceError as exc:
             raise IdentityNotProven("wrong audience", reason="audience") from exc
-        except jwt.InvalidIssuerError as exc:
-            raise IdentityNotProven("wrong issuer", reason="issuer") from exc
+        except (jwt.InvalidIssuerError, jwt.InvalidSignatureError) as exc:
+            # Another cluster's issuer, or a key id that collides with one of ours.
+            raise claims.refusal_for_foreign_token(
+                token, audience=self._audience, now=time.time()
+            ) from exc
         except jwt.PyJWTError as exc:
             raise IdentityNotProven("token not valid", reason="invalid") from exc
         subject = str(payload.get("sub", ""))

@@ -69,9 +69,9 @@ class TokenReviewVerifier:
             ) from exc
         status = review.get("status") or {}
         if not status.get("authenticated"):
-            # Expired, wrong audience, another cluster's token, garbage: the server does not
-            # say which, and we do not guess.
-            raise IdentityNotProven("token not valid for this runtime", reason="not-authenticated")
+            # The server does not say why; the unverified claims tell expired, wrong
+            # audience or garbage (401) from another cluster's token (403).
+            raise claims.refusal_for_foreign_token(token, audience=self._audience, now=now)
         claims.check_audience(status.get("audiences") or [], self._audience)
         username = str((status.get("user") or {}).get("username", ""))
         claims.check_service_account(username, self._allowed)

@@ -148,11 +148,11 @@ def test_identity_failures_and_no_token_in_logs(
             used.append(token)
         return broker.request_token(rt.runtime_id, token)
 
-    # Runtime B's valid token presented for runtime A: A's API server / keys do not accept it.
-    # It proves nothing about A, so the answer is 401 (see docs/broker.md on 401 vs 403).
+    # Runtime B's valid token presented for runtime A: A's API server / keys do not accept it,
+    # yet it is a well-formed ServiceAccount token for our audience: another cluster's, 403.
     r = ask(a, b.token())
-    assert r.status_code == 401, r.text
-    assert problem_type(r) == "identity-not-proven"
+    assert r.status_code == 403, r.text
+    assert problem_type(r) == "identity-forbidden"
     r = ask(a, a.token(audience="https://kubernetes.default.svc"))
     assert (r.status_code, problem_type(r)) == (401, "identity-not-proven")
     r = ask(a, expired_token(a))

@@ -155,12 +155,17 @@ async def test_jwks_verifies_locally_and_refetches_on_unknown_kid(alg: str, make
     for bad in (
         sign(old, "old", aud=["other"]),
         sign(old, "old", exp=t - 100),
-        sign(old, "old", iss="https://other.test"),
         sign(old, "old", nbf=t + 600),
-        sign(new, "old"),  # right kid, wrong key
     ):
         with pytest.raises(IdentityNotProven):
             await verifier.verify(kyma=KYMA, runtime_id="rt-a", headers=bearer(bad))
+    # Well-formed ServiceAccount tokens of another issuer or key: another cluster's identity.
+    for foreign in (
+        sign(old, "old", iss="https://other.test"),
+        sign(new, "old"),  # right kid, wrong key
+    ):
+        with pytest.raises(IdentityForbidden, match="not issued by this runtime's cluster"):
+            await verifier.verify(kyma=KYMA, runtime_id="rt-a", headers=bearer(foreign))
     with pytest.raises(IdentityForbidden):
         await verifier.verify(
             kyma=KYMA,
@@ -173,7 +178,7 @@ async def test_jwks_verifies_locally_and_refetches_on_unknown_kid(alg: str, make
     await verifier.verify(kyma=KYMA, runtime_id="rt-a", headers=bearer(sign(new, "new")))
     assert world.jwks_reads == 2
     for _ in range(3):
-        with pytest.raises(IdentityNotProven):
+        with pytest.raises(IdentityForbidden):
             await verifier.verify(kyma=KYMA, runtime_id="rt-a", headers=bearer(sign(new, "nope")))
     assert world.jwks_reads == 2
     await http.aclose()
