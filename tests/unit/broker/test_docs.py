@@ -1,4 +1,4 @@
-"""docs/broker.md documents every setting with its real default, and the CLI shows them all."""
+"""The README documents every broker setting with its real default; the CLI shows them all."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from control_plane_broker.settings import Settings
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "broker.md"
+DOC = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def test_every_setting_documented_with_its_default() -> None:
@@ -18,7 +18,7 @@ def test_every_setting_documented_with_its_default() -> None:
         if isinstance(default, bool):
             default = str(default).lower()
         row = f"| `BROKER_{name.upper()}` | `{default}` |"
-        assert row in text, f"docs/broker.md lacks or misstates {row}"
+        assert row in text, f"README.md lacks or misstates {row}"
 
 
 def test_help_lists_settings() -> None:
