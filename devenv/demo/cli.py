@@ -122,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             demo.keep_running()
     except StepFailed as exc:
         _report_failure(story, exc)
+        story.say(f"✗ the demo did not finish ({story.elapsed():.1f}s); logs: {workdir / 'logs'}")
         code = 1
     except KeyboardInterrupt:
         story.say()

@@ -614,6 +614,11 @@ class Demo:
         self.story.say("  Director calls by operation (as the simulator recorded them):")
         for title, calls in summary.calls.items():
             self.story.say(f"    {title}: {calls}")
+        self.story.say()
+        self.story.say(
+            "  Runtime A's cluster still holds its secret and certificate: in a real landscape"
+        )
+        self.story.say("  deleting its Kyma also deprovisions the cluster; here it keeps running.")
 
     # -- keeping it running ------------------------------------------------------------------
 

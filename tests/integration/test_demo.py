@@ -1,0 +1,198 @@
+"""The local demo end to end, run the way a user runs it: `python -m devenv.demo` as a process.
+
+The first test lets the whole story run and checks what it says it did (the steps in order,
+the back-off while Compass is down, the summary table) and that it leaves no process and no key
+behind. The second interrupts it in the middle, as Ctrl-C would, and checks the same clean-up.
+Both start their own clusters through the demo (not the session fixtures).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MARKER = "KYMA_COMPASS_PULL_DEMO"  # the demo puts it, with its work folder, in every child's env
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+JWT = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")
+
+
+def demo_command(workdir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "devenv.demo", "--workdir", str(workdir), *args]
+
+
+def leftovers(workdir: Path) -> list[str]:
+    """Processes still running that the demo started: by the marker in their environment, by
+    the work folder in their command line (etcd, kube-apiserver), or by a pid it recorded."""
+    found = set()
+    mark = f"{MARKER}={workdir}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if mark in environ.split(b"\0") or str(workdir).encode() in cmdline:
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.add(f"{proc.name}: {command}")
+    registry = workdir / "processes.json"
+    for entry in json.loads(registry.read_text()) if registry.exists() else []:
+        try:
+            cmdline = Path(f"/proc/{entry['pid']}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline.split(b"\0")[:-1] == [a.encode() for a in entry["argv"]]:
+            found.add(f"{entry['pid']}: {entry['name']}")
+    return sorted(found)
+
+
+def summary_rows(output: str) -> dict[str, dict[str, str]]:
+    """The summary table as {runtime: {column: value}}; columns are apart by two spaces."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("runtime  "))
+    names = re.split(r"\s{2,}", lines[start].strip())
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.strip():
+            break
+        row = dict(zip(names, re.split(r"\s{2,}", line.strip()), strict=True))
+        rows[row["runtime"]] = row
+    return rows
+
+
+@pytest.mark.timeout(240)
+def test_the_demo_tells_the_whole_story_and_leaves_nothing_running(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    result = subprocess.run(
+        demo_command(workdir),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    out = result.stdout
+    assert result.returncode == 0, f"demo failed:\n{out[-6000:]}\n{result.stderr[-3000:]}"
+    assert leftovers(workdir) == []
+
+    # The story, in this order.
+    milestones = [
+        "Three API servers",
+        "Compass simulator",
+        "KCP: Kyma CRs and runtime kubeconfig Secrets",
+        "Broker in the control plane",
+        "One agent per runtime",
+        "module is enabled in runtime A (managed)",
+        "agent A pulls a token and writes kyma-system/compass-agent-configuration",
+        "compass-runtime-agent (simulated) in runtime A (managed) connects",
+        "Compass becomes unavailable",
+        "module is enabled in runtime B (BYOC) while Compass is down",
+        "agent B backs off",
+        "nothing failed",
+        "Compass is back",
+        "agent B pulls a token",
+        "compass-runtime-agent (simulated) in runtime B (BYOC) connects",
+        "Kyma of runtime A (managed) is deleted in KCP",
+        "runtime A is no longer in Compass and its mapping is gone",
+        "Summary",
+        "every step happened",
+    ]
+    positions = [out.find(m) for m in milestones]
+    assert -1 not in positions, [m for m, p in zip(milestones, positions, strict=True) if p < 0]
+    assert positions == sorted(positions), "the steps are out of order"
+    assert "✗" not in out
+
+    # While Compass was down agent B got 503 + Retry-After and backed off.
+    backoff = re.search(
+        r"agent B: (\d+) temporary answers \(503 compass-unavailable\); Retry-After (.+)", out
+    )
+    assert backoff is not None, out
+    assert int(backoff.group(1)) >= 3
+    assert all(float(s.rstrip("s")) >= 1 for s in backoff.group(2).split(", "))
+    assert re.search(r"broker: token requests compass-unavailable: \d+", out)
+
+    # The summary: A connected, then unregistered after its Kyma was deleted; B registered once
+    # and connected after the outage; each with the Director calls the simulator recorded.
+    rows = summary_rows(out)
+    a, b = rows["runtime A (managed)"], rows["runtime B (BYOC)"]
+    assert (a["in Compass"], a["secret"], a["connection"]) == ("unregistered", "yes", "Connected")
+    assert (b["in Compass"], b["secret"], b["connection"]) == ("registered", "yes", "Connected")
+    assert UUID.match(a["Compass runtime ID"])
+    assert UUID.match(b["Compass runtime ID"])
+    assert a["Compass runtime ID"] != b["Compass runtime ID"]
+    assert int(a["Director calls"]) >= 4  # look-up, register, token, unregister
+    assert int(b["Director calls"]) >= 3
+    by_operation = {
+        m.group(1): m.group(2) for m in re.finditer(r"^\s+(runtime [AB] \(\w+\)): (.+)$", out, re.M)
+    }
+    assert "registerRuntime: 1," in by_operation["runtime A (managed)"]
+    assert "unregisterRuntime: 1" in by_operation["runtime A (managed)"]
+    assert "registerRuntime: 1," in by_operation["runtime B (BYOC)"]
+    assert "unregisterRuntime" not in by_operation["runtime B (BYOC)"]
+
+    took = re.search(r"the demo took ([\d.]+)s", out)
+    assert took is not None
+    assert float(took.group(1)) < 120
+
+    # Nothing secret printed; keys, tokens and cluster data removed; the logs kept.
+    assert not JWT.search(out + result.stderr)
+    assert re.search(r"TOKEN\s+\d+ chars, sha256:[0-9a-f]{12}", out)
+    assert not (workdir / "secrets").exists()
+    assert not list((workdir / "clusters").glob("*/etcd"))
+    assert not list((workdir / "clusters").glob("*/pki"))
+    for name in ("broker", "agent-a", "agent-b", "compass-sim", "runtime-agent-b"):
+        assert (workdir / "logs" / f"{name}.log").stat().st_size > 0
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_in_the_middle_stops_every_process(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    proc = subprocess.Popen(
+        demo_command(workdir),
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    agents_started = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "agent A /readyz" in line:
+                agents_started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert agents_started.wait(90), "".join(lines)
+        time.sleep(0.5)
+        assert len(json.loads((workdir / "processes.json").read_text())) == 6
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    out = "".join(lines)
+    assert code == 130, out
+    assert "interrupted" in out
+    assert "✓ stopped" in out
+    assert leftovers(workdir) == []
+    assert not (workdir / "secrets").exists()
