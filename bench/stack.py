@@ -1,0 +1,324 @@
+"""The system under test, started for one scenario run: Compass simulator, broker, KCP seed.
+
+Holds: the simulator and the broker are separate processes (`python -m devenv.compass_sim`,
+`python -m control_plane_broker`) so the fleet's CPU never slows them down and the broker's own
+CPU can be read from /proc; each run gets a fresh simulator, a fresh broker and its own KCP
+namespace with its own Kyma CRs, so runs never see each other's registrations or mappings.
+The broker runs in `jwks` mode with the issuer pinned per runtime to the bench's JWKS server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import secrets
+import ssl
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench.keys import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, AUDIENCE, RuntimeKey
+from bench.procs import Child, python_child, wait_http_ok
+
+GROUP = "operator.kyma-project.io"
+CLIENT_ID = "bench-broker"
+MODULE = "application-connector"
+RUNTIMES_PER_GLOBAL_ACCOUNT = 10
+
+
+# --- the control plane (KCP) -----------------------------------------------------------------
+
+
+class Kcp:
+    """Async admin access to the control-plane API server, from its kubeconfig."""
+
+    def __init__(self, kubeconfig_path: Path, workdir: Path) -> None:
+        config = yaml.safe_load(kubeconfig_path.read_text())
+        cluster = config["clusters"][0]["cluster"]
+        user = config["users"][0]["user"]
+        workdir.mkdir(parents=True, exist_ok=True)
+        ca = workdir / "kcp-ca.crt"
+        cert = workdir / "kcp-admin.crt"
+        key = workdir / "kcp-admin.key"
+        ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+        key.write_bytes(base64.b64decode(user["client-key-data"]))
+        key.chmod(0o600)
+        self.server = str(cluster["server"])
+        self.kubeconfig_path = kubeconfig_path
+        self._tls = ssl.create_default_context(cafile=str(ca))
+        self._tls.load_cert_chain(str(cert), str(key))
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.server,
+            verify=self._tls,
+            timeout=30.0,
+            limits=httpx.Limits(max_connections=32),
+        )
+
+    async def create_namespace(self, name: str) -> None:
+        async with self.client() as http:
+            response = await http.post(
+                "/api/v1/namespaces", json={"metadata": {"name": name}, "apiVersion": "v1"}
+            )
+            if response.status_code not in (201, 409):
+                response.raise_for_status()
+
+    async def seed_kymas(
+        self, namespace: str, keys: Sequence[RuntimeKey], *, concurrency: int = 24
+    ) -> None:
+        """One Kyma CR per runtime, labelled as KEB labels them, with the module enabled."""
+        gate = asyncio.Semaphore(concurrency)
+        path = f"/apis/{GROUP}/v1beta2/namespaces/{namespace}/kymas"
+        async with self.client() as http:
+
+            async def create(index: int, key: RuntimeKey) -> None:
+                async with gate:
+                    response = await http.post(path, json=kyma_object(namespace, index, key))
+                    if response.status_code != 201:
+                        raise RuntimeError(
+                            f"creating a Kyma failed: HTTP {response.status_code} "
+                            f"{response.text[:300]}"
+                        )
+
+            await asyncio.gather(*(create(i, k) for i, k in enumerate(keys)))
+
+    async def mappings(self, namespace: str) -> list[dict[str, Any]]:
+        async with self.client() as http:
+            response = await http.get(
+                f"/apis/{GROUP}/v1beta1/namespaces/{namespace}/compassmanagermappings"
+            )
+            response.raise_for_status()
+            items: list[dict[str, Any]] = response.json().get("items") or []
+            return items
+
+
+def global_account(index: int) -> str:
+    return f"ga-bench-{index // RUNTIMES_PER_GLOBAL_ACCOUNT:05d}"
+
+
+def kyma_object(namespace: str, index: int, key: RuntimeKey) -> dict[str, Any]:
+    name = key.runtime_id.lower()
+    labels = {
+        "kyma-project.io/runtime-id": key.runtime_id,
+        "kyma-project.io/global-account-id": global_account(index),
+        "kyma-project.io/subaccount-id": f"sa-bench-{index:05d}",
+        "kyma-project.io/shoot-name": f"c-{key.kid[:7]}",
+        "kyma-project.io/instance-id": f"inst-{key.kid}",
+        "kyma-project.io/broker-plan-id": "4deee563-e5ec-4731-b9b1-53b42d855f0c",
+        "kyma-project.io/broker-plan-name": "azure",
+        "kyma-project.io/region": "westeurope",
+        "operator.kyma-project.io/kyma-name": name,
+    }
+    return {
+        "apiVersion": f"{GROUP}/v1beta2",
+        "kind": "Kyma",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"channel": "regular", "modules": [{"name": MODULE}]},
+    }
+
+
+# --- the Compass simulator -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DirectorCall:
+    """One call that reached Compass: a Director operation, or the OAuth token endpoint."""
+
+    endpoint: str  # director | oauth
+    at: float  # wall clock, seconds
+    operation: str
+    outcome: str
+    status: int | None
+    duration: float  # seconds the simulator spent on it (its queue, latency, handler)
+
+
+@dataclass
+class Simulator:
+    child: Child
+    urls: dict[str, str]
+    secret: str = field(repr=False)
+    calls: list[DirectorCall] = field(default_factory=list)
+    _since: int = 0
+
+    @property
+    def director_calls(self) -> list[DirectorCall]:
+        return [c for c in self.calls if c.endpoint == "director"]
+
+    @property
+    def admin(self) -> str:
+        return self.urls["admin_url"].rstrip("/") + "/_sim"
+
+    async def patch_faults(self, http: httpx.AsyncClient, **changes: Any) -> None:
+        response = await http.patch(f"{self.admin}/faults", json=changes)
+        response.raise_for_status()
+
+    async def poll_calls(self, http: httpx.AsyncClient) -> int:
+        """Fetches request records since the last poll; returns how many were new."""
+        response = await http.get(f"{self.admin}/requests", params={"since": self._since})
+        response.raise_for_status()
+        records: list[dict[str, Any]] = response.json()
+        for r in records:
+            self._since = max(self._since, int(r["seq"]))
+            if r["endpoint"] not in ("director", "oauth"):
+                continue
+            self.calls.append(
+                DirectorCall(
+                    endpoint=str(r["endpoint"]),
+                    at=datetime.fromisoformat(r["at"]).timestamp(),
+                    operation=str(r["operation"]),
+                    outcome=str(r["outcome"]),
+                    status=r.get("http_status"),
+                    duration=float(r.get("duration_seconds") or 0.0),
+                )
+            )
+        return len(records)
+
+    async def get(self, http: httpx.AsyncClient, what: str) -> Any:
+        response = await http.get(f"{self.admin}/{what}")
+        response.raise_for_status()
+        return response.json()
+
+
+def start_simulator(workdir: Path, *, capacity: int | None, latency: float) -> Simulator:
+    secret = secrets.token_urlsafe(24)
+    args = ["--client-id", CLIENT_ID, "--log-level", "warning"]
+    if capacity is not None:
+        args += ["--max-concurrent", str(capacity)]
+    if latency > 0:
+        args += ["--latency", str(latency)]
+    env = {**os.environ, "COMPASS_SIM_CLIENT_SECRET": secret}
+    child = python_child(
+        "compass-sim",
+        "devenv.compass_sim",
+        *args,
+        env=env,
+        log_path=workdir / "compass-sim.log",
+        capture_stdout=True,
+    )
+    urls = {k: str(v) for k, v in child.first_stdout_json(timeout=30).items()}
+    return Simulator(child=child, urls=urls, secret=secret)
+
+
+# --- the broker ------------------------------------------------------------------------------
+
+
+@dataclass
+class Broker:
+    child: Child
+    url: str
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
+
+
+def free_port() -> int:
+    import socket  # noqa: PLC0415 (only here)
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def broker_env(
+    *,
+    kcp: Kcp,
+    namespace: str,
+    sim: Simulator,
+    creds_file: Path,
+    jwks_issuer_template: str,
+    port: int,
+    max_concurrency: int,
+    overrides: Mapping[str, str],
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
+    env.update(
+        {
+            "KUBECONFIG": str(kcp.kubeconfig_path),
+            "BROKER_DIRECTOR_URL": sim.urls["director_url"],
+            "BROKER_DIRECTOR_CREDENTIALS_FILE": str(creds_file),
+            "BROKER_DIRECTOR_MAX_CONCURRENCY": str(max_concurrency),
+            "BROKER_IDENTITY_MODE": "jwks",
+            "BROKER_JWKS_ISSUER_URL": jwks_issuer_template,
+            "BROKER_AUDIENCE": AUDIENCE,
+            "BROKER_ALLOWED_SERVICE_ACCOUNTS": f"{AGENT_NAMESPACE}/{AGENT_SERVICE_ACCOUNT}",
+            "BROKER_KCP_NAMESPACE": namespace,
+            "BROKER_LEASE_NAMESPACE": namespace,
+            "BROKER_HOST": "127.0.0.1",
+            "BROKER_PORT": str(port),
+        }
+    )
+    env.update(overrides)
+    return env
+
+
+def start_broker(
+    workdir: Path,
+    *,
+    kcp: Kcp,
+    namespace: str,
+    sim: Simulator,
+    jwks_issuer_template: str,
+    max_concurrency: int,
+    overrides: Mapping[str, str],
+    profile: bool = False,
+) -> Broker:
+    creds = workdir / "director-credentials.yaml"
+    creds.write_text(
+        yaml.safe_dump(
+            {
+                "data": {
+                    "client_id": CLIENT_ID,
+                    "client_secret": sim.secret,
+                    "tokens_endpoint": sim.urls["token_url"],
+                }
+            }
+        )
+    )
+    creds.chmod(0o600)
+    port = free_port()
+    env = broker_env(
+        kcp=kcp,
+        namespace=namespace,
+        sim=sim,
+        creds_file=creds,
+        jwks_issuer_template=jwks_issuer_template,
+        port=port,
+        max_concurrency=max_concurrency,
+        overrides=overrides,
+    )
+    # With `profile`, cProfile writes broker.prof into the run folder when the broker exits.
+    module_args = (
+        ("cProfile", "-o", str(workdir / "broker.prof"), "-m", "control_plane_broker")
+        if profile
+        else ("control_plane_broker",)
+    )
+    child = python_child(
+        "compass-broker",
+        module_args[0],
+        *module_args[1:],
+        env=env,
+        log_path=workdir / "broker.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_http_ok(f"{url}/readyz", timeout=120, child=child)
+    return Broker(child=child, url=url)
+
+
+def run_workdir(base: Path, name: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=base))
+
+
+def unique_namespace(prefix: str) -> str:
+    return f"{prefix}-{int(time.time()) % 100000}-{secrets.token_hex(2)}"
