@@ -1,9 +1,11 @@
 """The local demo end to end, run the way a user runs it: `python -m devenv.demo` as a process.
 
-The first test lets the whole story run and checks what it says it did (the steps in order,
-the back-off while Compass is down, the summary table) and that it leaves no process and no key
-behind. The second interrupts it in the middle, as Ctrl-C would, and checks the same clean-up.
-Both start their own clusters through the demo (not the session fixtures).
+`test_runtime_agent_sim_*` checks the simulated compass-runtime-agent's exchange on its own,
+against the Compass simulator in-process (fast, no clusters). The first demo test lets the whole
+story run and checks what it says it did (the steps in order, the back-off while Compass is down,
+the summary table) and that it leaves no process and no key behind. The second interrupts it in
+the middle, as Ctrl-C would, and checks the same clean-up. Both start their own clusters through
+the demo (not the session fixtures).
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from devenv.compass_sim import CompassSimulator, SimConfig
+from devenv.compass_sim.testing import REQUEST_ONE_TIME_TOKEN, DirectorClient, fetch_token
+from devenv.runtime_agent_sim import ExchangeError, exchange_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MARKER = "KYMA_COMPASS_PULL_DEMO"  # the demo puts it, with its work folder, in every child's env
@@ -69,6 +78,36 @@ def summary_rows(output: str) -> dict[str, dict[str, str]]:
         row = dict(zip(names, re.split(r"\s{2,}", line.strip()), strict=True))
         rows[row["runtime"]] = row
     return rows
+
+
+def one_time_token(sim: CompassSimulator, http: httpx.Client) -> tuple[str, str]:
+    """A Director one-time token for a fresh runtime: (Compass runtime ID, token)."""
+    runtime = sim.seed_runtime(tenant="ga-demo", name="demo-runtime")
+    access = fetch_token(http, sim.token_url, client_id="demo", client_secret="demo-secret")
+    director = DirectorClient(http, sim.director_url, token=access, tenant="ga-demo")
+    result = director.result(REQUEST_ONE_TIME_TOKEN, {"id": runtime.id})
+    return runtime.id, result["token"]
+
+
+def test_runtime_agent_sim_exchanges_a_token_for_a_certificate_once() -> None:
+    with (
+        CompassSimulator(SimConfig(client_id="demo", client_secret="demo-secret")).running() as sim,
+        httpx.Client(timeout=10) as http,
+    ):
+        runtime_id, token = one_time_token(sim, http)
+        issued = exchange_token(http, sim.connector_url, token)
+        certificate = x509.load_pem_x509_certificate(issued.client_pem)
+        common_names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        assert [a.value for a in common_names] == [runtime_id]
+        assert issued.subject.endswith(f"CN={runtime_id}")
+        assert b"PRIVATE KEY" in issued.key_pem
+        assert issued.not_after > issued.not_before
+        assert sim.counter("signCertificateSigningRequest").successes == 1
+        # One-time: the same token again is refused, and the refusal names no token.
+        with pytest.raises(ExchangeError) as refused:
+            exchange_token(http, sim.connector_url, token)
+        assert token not in str(refused.value)
+        assert sim.counter("signCertificateSigningRequest").attempts == 1
 
 
 @pytest.mark.timeout(240)
