@@ -212,9 +212,21 @@ class Demo:
             raise StepFailed(f"a cluster did not start: {exc}") from exc
         for name in CLUSTER_NAMES:
             self.story.detail(f"{name:<10} {self.clusters[name].server}")
+        self.story.wait_for(
+            "custom resources served (a fresh API server answers 429 for a few seconds)",
+            self._all_served,
+            timeout=self._timeout(30),
+            logs=[c.workdir / "kube-apiserver.log" for c in self.clusters.values()],
+        )
         self.story.done(
             "Kyma, ApplicationConnector, CompassConnection CRDs everywhere; "
             "CompassManagerMapping CRD in KCP"
+        )
+
+    def _all_served(self) -> bool:
+        return all(
+            world.custom_resources_served(cluster, control_plane=name == "kcp")
+            for name, cluster in self.clusters.items()
         )
 
     def start_compass(self) -> None:

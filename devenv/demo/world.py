@@ -112,6 +112,24 @@ def _kyma(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
 # -- seeding -----------------------------------------------------------------------------
 
 
+def custom_resources_served(cluster: TestCluster, *, control_plane: bool) -> bool:
+    """Whether every custom resource the demo uses can be listed yet.
+
+    A fresh API server answers 429 "storage is (re)initializing" for a while after a CRD is
+    Established; listing once also warms its watch cache before the components start watching.
+    """
+    kinds = [KYMA, APPLICATION_CONNECTOR] + ([MAPPING] if control_plane else [])
+    try:
+        for group, version, plural in kinds:
+            cluster.custom.list_namespaced_custom_object(group, version, "default", plural)
+        cluster.custom.list_cluster_custom_object(*COMPASS_CONNECTION)
+    except ApiException as exc:
+        if exc.status in (404, 429, 503):
+            return False
+        raise
+    return True
+
+
 def seed_control_plane(kcp: TestCluster, spec: RuntimeSpec, runtime: TestCluster) -> None:
     """The Kyma CR (no modules yet) and the runtime's kubeconfig Secret, as KCP has them."""
     kcp.create_namespace(KCP_NAMESPACE)
