@@ -72,10 +72,17 @@ def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
     return x509.Name(attrs)
 
 
-def new_ca(common_name: str) -> KeyPair:
-    key = new_ec_key()
+def new_ca(
+    common_name: str,
+    *,
+    key: PrivateKey | None = None,
+    now: datetime.datetime | None = None,
+    validity: datetime.timedelta = _VALIDITY,
+) -> KeyPair:
+    """A self-signed CA that signs leaf certificates only (path length 0)."""
+    key = key or new_ec_key()
     name = _name(common_name)
-    now = _now()
+    now = now or _now()
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -83,8 +90,8 @@ def new_ca(common_name: str) -> KeyPair:
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .not_valid_after(now + validity)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,

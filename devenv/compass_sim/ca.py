@@ -19,6 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from devenv import pki
+
 from .config import CsrSubject
 
 __all__ = ["CertificateAuthority", "CsrRejectedError", "load_csr", "subject_problem"]
@@ -89,34 +91,10 @@ class CertificateAuthority:
     def _ensure(self) -> tuple[rsa.RSAPrivateKey, x509.Certificate]:
         with self._lock:
             if self._key is None or self._cert is None:
-                key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-                name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "compass-sim CA")])
-                now = self._now()
-                self._cert = (
-                    x509.CertificateBuilder()
-                    .subject_name(name)
-                    .issuer_name(name)
-                    .public_key(key.public_key())
-                    .serial_number(x509.random_serial_number())
-                    .not_valid_before(now - timedelta(minutes=5))
-                    .not_valid_after(now + timedelta(days=3650))
-                    .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-                    .add_extension(
-                        x509.KeyUsage(
-                            digital_signature=True,
-                            content_commitment=False,
-                            key_encipherment=False,
-                            data_encipherment=False,
-                            key_agreement=False,
-                            key_cert_sign=True,
-                            crl_sign=True,
-                            encipher_only=False,
-                            decipher_only=False,
-                        ),
-                        critical=True,
-                    )
-                    .sign(key, hashes.SHA256())
-                )
+                key = pki.new_rsa_key()
+                self._cert = pki.new_ca(
+                    "compass-sim CA", key=key, now=self._now(), validity=timedelta(days=3650)
+                ).cert
                 self._key = key
             return self._key, self._cert
 
