@@ -1,9 +1,9 @@
 """The processes the demo starts itself (simulator, broker, agents, runtime agents).
 
-Holds: every child runs in a session of its own (a Ctrl-C in the terminal reaches only the demo,
-which then stops the children in reverse start order: SIGTERM, then SIGKILL after a grace
-period); its stdout and stderr go to `<workdir>/logs/<name>.log`; its pid and command are listed
-in `<workdir>/processes.json` as soon as it starts, so leftovers can be found by anyone.
+Holds: every child runs in a session of its own, so a Ctrl-C in the terminal reaches only the
+demo, which then stops the children (SIGTERM, then SIGKILL after a grace period); a child's
+stdout and stderr go to `<workdir>/logs/<name>.log`; its pid and command are listed in
+`<workdir>/processes.json` as soon as it starts, so leftovers can be found by anyone.
 """
 
 from __future__ import annotations
@@ -106,17 +106,20 @@ class Processes:
                 )
 
     def stop_all(self) -> None:
-        """SIGTERM to every child, newest first, each awaited; SIGKILL after the grace period."""
+        """SIGTERM to every child at once, then each awaited; SIGKILL to a child's process group
+        once the grace period is over. Stopping them together keeps Ctrl-C quick."""
         for child in reversed(self._children):
             if child.alive:
                 with contextlib.suppress(ProcessLookupError):
                     child.popen.send_signal(signal.SIGTERM)
-                try:
-                    child.popen.wait(_STOP_GRACE_SECONDS)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(child.pid, signal.SIGKILL)
-                    child.popen.wait(_STOP_GRACE_SECONDS)
+        deadline = time.monotonic() + _STOP_GRACE_SECONDS
+        for child in reversed(self._children):
+            try:
+                child.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.popen.wait(_STOP_GRACE_SECONDS)
         self._children.clear()
 
 

@@ -670,8 +670,8 @@ class Demo:
         self.processes.stop_all()
         if self.sim is not None:
             self.sim.close()
-        for cluster in list(self.clusters.values()):
-            cluster.stop()
+        with ThreadPoolExecutor(max_workers=len(CLUSTER_NAMES)) as pool:
+            list(pool.map(TestCluster.stop, list(self.clusters.values())))
         self.clusters.clear()
         shutil.rmtree(self.secrets_dir, ignore_errors=True)
         for folder in (self.workdir / "clusters").glob("*"):
