@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from control_plane_broker.director.client import DirectorClient
-from control_plane_broker.errors import NotReady, RateLimited, RuntimeNotFound
+from control_plane_broker.errors import (
+    CompassRejected,
+    CompassUnavailable,
+    NotReady,
+    RateLimited,
+    RuntimeNotFound,
+)
 from control_plane_broker.identity.verifier import Verifier
 from control_plane_broker.kube.client import KubeError
 from control_plane_broker.kube.events import EventRecorder
@@ -26,6 +32,7 @@ from control_plane_broker.registration import state
 from control_plane_broker.registration.service import RegistrationService
 from control_plane_broker.settings import Settings
 from control_plane_broker.singleflight import SingleFlight
+from control_plane_broker.status import StatusRecorder
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,7 @@ class TokenIssuer:
         events: EventRecorder,
         limiter: RateLimiter,
         clock: Callable[[], float],
+        wall: Callable[[], float],
     ) -> None:
         self._settings = settings
         self._cache = cache
@@ -64,8 +72,10 @@ class TokenIssuer:
         self._repo = repo
         self._events = events
         self._limiter = limiter
-        self._clock = clock
+        self._clock = clock  # monotonic: rate limits
+        self._wall = wall  # wall time: timestamps written on the mapping
         self._flights: SingleFlight[IssuedToken] = SingleFlight()
+        self._status = StatusRecorder(repo=repo, events=events, clock=wall)
 
     async def issue(self, runtime_id: str, headers: Mapping[str, str]) -> IssuedToken:
         kyma_name = validate_runtime_id(runtime_id)
@@ -87,7 +97,17 @@ class TokenIssuer:
         wait = self._limiter.check(kyma.name, self._clock())
         if wait is not None:
             raise RateLimited("token issue rate exceeded for this runtime", retry_after=wait)
-        registered = await self._registration.ensure_registered(kyma)
+        try:
+            registered = await self._registration.ensure_registered(kyma)
+        except (CompassUnavailable, CompassRejected) as exc:
+            await self._status.failed(
+                kyma_name=kyma.name,
+                kyma_uid=kyma.uid,
+                condition="Registered",
+                event_reason="RegistrationFailed",
+                exc=exc,
+            )
+            raise
         if registered.outcome == "registered":
             await self._events.record(
                 kyma_name=kyma.name,
@@ -95,9 +115,19 @@ class TokenIssuer:
                 reason="RuntimeRegistered",
                 message=f"registered in Compass as runtime {registered.compass_id}",
             )
-        ott = await self._director.request_one_time_token(
-            tenant=registered.tenant, runtime_id=registered.compass_id
-        )
+        try:
+            ott = await self._director.request_one_time_token(
+                tenant=registered.tenant, runtime_id=registered.compass_id
+            )
+        except (CompassUnavailable, CompassRejected) as exc:
+            await self._status.failed(
+                kyma_name=kyma.name,
+                kyma_uid=kyma.uid,
+                condition="TokenIssued",
+                event_reason="TokenRequestFailed",
+                exc=exc,
+            )
+            raise
         self._limiter.try_take(kyma.name, self._clock())
         log.info(
             "token issued",
@@ -114,7 +144,7 @@ class TokenIssuer:
 
     async def _note_issued(self, kyma: KymaView, compass_id: str) -> None:
         """Best effort: status and Event; failing to write them must not withhold the token."""
-        now = self._clock()
+        now = self._wall()
         try:
             mapping = await self._repo.get(kyma.name)
             conditions = list(
@@ -125,7 +155,13 @@ class TokenIssuer:
                 ("TokenIssued", "TokenIssued", "a one-time token was handed to the runtime agent"),
             ):
                 conditions = state.set_condition(
-                    conditions, type_=type_, status=True, reason=reason, message=message, now=now
+                    conditions,
+                    type_=type_,
+                    status=True,
+                    reason=reason,
+                    message=message,
+                    now=now,
+                    observed_generation=state.generation_of(mapping),
                 )
             await self._repo.patch_status(
                 kyma.name,

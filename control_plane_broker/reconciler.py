@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from control_plane_broker.director.client import DirectorClient
-from control_plane_broker.errors import BrokerError
+from control_plane_broker.errors import BrokerError, KymaIncomplete
 from control_plane_broker.kube.client import Conflict, KubeError
 from control_plane_broker.kube.events import EventRecorder
 from control_plane_broker.kube.kyma_cache import KymaCache
@@ -28,6 +28,7 @@ from control_plane_broker.policy import module_enabled
 from control_plane_broker.registration import naming, state
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.settings import Settings
+from control_plane_broker.status import StatusRecorder
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class Reconciler:
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._failures: dict[str, int] = {}
+        self._status = StatusRecorder(repo=repo, events=events, clock=clock)
         cache.add_listener(self.enqueue)
 
     def enqueue(self, name: str) -> None:
@@ -156,15 +158,6 @@ class Reconciler:
                     extra={"kyma": name, "error": str(exc), "retry_in": delay},
                 )
                 self._enqueue_later(name, delay)
-                if count == 1:  # one Event per failure streak, not one per retry
-                    kyma = self._cache.get(name)
-                    await self._events.record(
-                        kyma_name=name,
-                        kyma_uid=kyma.uid if kyma else "",
-                        reason="ReconcileFailed",
-                        message=f"will retry: {type(exc).__name__}: {str(exc)[:300]}",
-                        warning=True,
-                    )
 
     async def reconcile(self, name: str) -> None:
         mapping = await self._repo.get(name)
@@ -193,11 +186,55 @@ class Reconciler:
             case Requeue(after=after):
                 self._enqueue_later(name, after)
             case Unregister(reason=reason):
-                await self._unregister(mapping, kyma, reason)
+                try:
+                    await self._unregister(mapping, kyma, reason)
+                except (BrokerError, KubeError) as exc:
+                    await self._failed(
+                        mapping,
+                        kyma,
+                        condition="Unregistered",
+                        event_reason="UnregisterFailed",
+                        exc=exc,
+                        what=f"unregister ({reason})",
+                    )
+                    raise
             case SyncLabels(changes=changes, desired=desired_now):
-                await self._sync_labels(mapping, kyma, changes, desired_now)
+                try:
+                    await self._sync_labels(mapping, kyma, changes, desired_now)
+                except (BrokerError, KubeError) as exc:
+                    await self._failed(
+                        mapping,
+                        kyma,
+                        condition="LabelsSynced",
+                        event_reason="LabelSyncFailed",
+                        exc=exc,
+                        what="label sync",
+                    )
+                    raise
             case Nothing():
                 pass
+
+    async def _failed(
+        self,
+        mapping: Mapping,
+        kyma: KymaView | None,
+        *,
+        condition: str,
+        event_reason: str,
+        exc: BaseException,
+        what: str,
+    ) -> None:
+        """The failure lands on the mapping as a condition (written only when it changed) and,
+        when new, as a Warning Event; the finalizer stays, so the mapping survives until done."""
+        await self._status.failed(
+            kyma_name=mapping.name,
+            kyma_uid=kyma.uid if kyma else "",
+            condition=condition,
+            event_reason=event_reason,
+            exc=exc,
+            mapping=mapping,
+            what=what,
+        )
 
     async def _unregister(self, mapping: Mapping, kyma: KymaView | None, reason: str) -> None:
         tenant = mapping.tenant or (kyma.tenant if kyma else None)
@@ -210,8 +247,8 @@ class Reconciler:
             )
             ids = [r.id for r in found]
         if ids and not tenant:
-            log.error("cannot unregister: mapping has no tenant", extra={"kyma": mapping.name})
-            return
+            # Retried with backoff and shown on the mapping: a person has to add the label.
+            raise KymaIncomplete("the mapping has no global account label to unregister with")
         for compass_id in ids:
             assert tenant is not None
             removed = await self._director.unregister_runtime(tenant=tenant, runtime_id=compass_id)
@@ -269,6 +306,7 @@ class Reconciler:
             reason="LabelsSynced",
             message=f"{len(changes)} Director label(s) written",
             now=self._clock(),
+            observed_generation=state.generation_of(mapping),
         )
         await self._repo.patch_status(
             mapping.name, {"directorLabels": desired, "conditions": conditions}

@@ -128,6 +128,7 @@ async def run(settings: Settings, *, kcp_access: ClusterAccess) -> None:  # noqa
             )
         ),
         clock=mono,
+        wall=wall,
     )
 
     def ready() -> bool:

@@ -236,8 +236,12 @@ def set_condition(
     reason: str,
     message: str,
     now: float,
+    observed_generation: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Upserts a condition; `lastTransitionTime` changes only when the status flips."""
+    """Upserts a condition; `lastTransitionTime` changes only when the status flips.
+
+    Other conditions are kept as they are, so an unchanged input gives an equal output: callers
+    compare the two and skip the write (`condition_changed`)."""
     value = "True" if status else "False"
     out = []
     found = False
@@ -246,26 +250,80 @@ def set_condition(
             found = True
             flipped = cond.get("status") != value
             out.append(
-                {
-                    "type": type_,
-                    "status": value,
-                    "reason": reason,
-                    "message": message,
-                    "lastTransitionTime": to_rfc3339(now)
+                _condition(
+                    type_,
+                    value,
+                    reason=reason,
+                    message=message,
+                    since=to_rfc3339(now)
                     if flipped
                     else cond.get("lastTransitionTime", to_rfc3339(now)),
-                }
+                    generation=observed_generation,
+                )
             )
         else:
             out.append(cond)
     if not found:
         out.append(
-            {
-                "type": type_,
-                "status": value,
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": to_rfc3339(now),
-            }
+            _condition(
+                type_,
+                value,
+                reason=reason,
+                message=message,
+                since=to_rfc3339(now),
+                generation=observed_generation,
+            )
         )
     return out
+
+
+def _condition(
+    type_: str, value: str, *, reason: str, message: str, since: str, generation: int | None
+) -> dict[str, Any]:
+    cond: dict[str, Any] = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since,
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond
+
+
+def find_condition(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def condition_changed(
+    before: list[dict[str, Any]], after: list[dict[str, Any]], type_: str
+) -> tuple[bool, bool]:
+    """(anything to write, worth an Event): an Event only for a new status or a new reason, so a
+    failure that keeps failing the same way writes nothing and tells nobody twice."""
+    old, new = find_condition(before, type_), find_condition(after, type_)
+    if new is None or old == new:
+        return False, False
+    if old is None:
+        return True, True
+    return True, (old.get("status"), old.get("reason")) != (new.get("status"), new.get("reason"))
+
+
+def conditions_of(mapping: Mapping | None) -> list[dict[str, Any]]:
+    if mapping is None:
+        return []
+    raw = (mapping.raw.get("status") or {}).get("conditions") or []
+    return [dict(c) for c in raw if isinstance(c, dict)]
+
+
+def generation_of(mapping: Mapping | None) -> int | None:
+    if mapping is None:
+        return None
+    value = (mapping.raw.get("metadata") or {}).get("generation")
+    return value if isinstance(value, int) else None
+
+
+def failure_reason(slug: str) -> str:
+    """A condition reason (CamelCase, as Kubernetes wants) from a problem slug:
+    `compass-unavailable` → `CompassUnavailable`."""
+    return "".join(part.capitalize() for part in slug.split("-") if part) or "Failed"
