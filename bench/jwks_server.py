@@ -55,6 +55,14 @@ def make_handler(documents: dict[str, bytes]) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class Server(ThreadingHTTPServer):
+    # The stdlib's listen backlog is 5: a broker fetching keys for hundreds of new runtimes at
+    # once would see dropped SYNs and second-long connect retries, which is not what a real
+    # API server does.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -62,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     keys: dict[str, list[dict[str, Any]]] = json.loads(Path(args[0]).read_text())
     documents = {rid: json.dumps({"keys": jwks}).encode() for rid, jwks in keys.items()}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(documents))
-    server.daemon_threads = True
+    server = Server(("127.0.0.1", 0), make_handler(documents))
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

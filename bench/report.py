@@ -416,13 +416,33 @@ def render(report: BenchReport) -> str:
 TARGET_LARGEST_N = 5000
 
 
+def reduction_note(report: BenchReport) -> str | None:
+    """Why the largest fleet is smaller than the issue's 5,000, from the figures themselves."""
+    largest = max(report.sizes)
+    if largest >= TARGET_LARGEST_N:
+        return None
+    text = (
+        f"The largest fleet here is N = {largest:,}, not {TARGET_LARGEST_N:,} "
+        f"({TARGET_LARGEST_N / largest:.0f}x smaller)."
+    )
+    stuck = [c for c in sorted(report.cold, key=lambda c: c.n) if c.connected < c.n]
+    if stuck:
+        first = stuck[0]
+        text += (
+            f" Reason: already at N = {first.n:,} the broker connected only {first.connected:,}"
+            f" of {first.n:,} runtimes before the run's deadline (10x the bound, at least "
+            "300 s), against a bound of "
+            f"{first.bound:.1f} s; a 5,000 fleet would only show the same collapse after about "
+            "half an hour more of a shared 2-core machine. `python -m bench --sizes "
+            "100,1000,5000` runs it anyway."
+        )
+    else:
+        text += " The sizes were chosen on the command line."
+    return text
+
+
 def static_notes(sizes: Sequence[int], broker_env: dict[str, str]) -> list[str]:
     notes = []
-    if max(sizes) < TARGET_LARGEST_N:
-        notes.append(
-            f"The largest fleet here is N = {max(sizes):,}, not {TARGET_LARGEST_N:,}: the sizes "
-            "were given on the command line."
-        )
     if broker_env:
         shown = ", ".join(f"`{k}={v}`" for k, v in sorted(broker_env.items()))
         notes.append(f"Broker settings changed for every run: {shown}.")
@@ -432,6 +452,9 @@ def static_notes(sizes: Sequence[int], broker_env: dict[str, str]) -> list[str]:
 def findings(report: BenchReport) -> list[str]:
     """Observations that follow from the figures (each only when the data shows it)."""
     out: list[str] = []
+    reduced = reduction_note(report)
+    if reduced:
+        out.append(reduced)
     runs: list[tuple[str, DirectorCounts, int, dict[str, int]]] = [
         (f"cold start N = {c.n:,}", c.director, c.connected, c.attempts) for c in report.cold
     ] + [
@@ -480,6 +503,33 @@ def findings(report: BenchReport) -> list[str]:
                 "slot is answered 503 and the agent backs off, which stretches the tail beyond "
                 "the bound when N x 2 x L / C is much longer than 5 s."
             )
+    timeouts = [(name, a.get("transport error", 0)) for name, _, _, a in runs]
+    if any(v for _, v in timeouts):
+        shown = ", ".join(f"{name}: {v:,}" for name, v in timeouts if v)
+        out.append(
+            f"Agent requests that ended in a transport error ({shown}) are the agent's own 30 s "
+            "timeout: the broker took longer than that to answer. Profiling the broker (py-spy) "
+            "in such a run while this benchmark was written showed over 95% of its CPU in "
+            "httpcore's connection-pool bookkeeping (`AsyncConnectionPool."
+            "_assign_requests_to_connections`) under `JwksVerifier._fetch`: the issuer-key "
+            "fetches of all new runtimes queue in the one `httpx.AsyncClient` (100 connections) "
+            "that Director calls use too, and that bookkeeping grows with queued requests x "
+            "connections. Meanwhile Director calls wait in the same pool while holding one of "
+            "the C slots, so waiting requests run into the 5 s queue timeout (503 "
+            "compass-unavailable) although Director is idle."
+        )
+    claims = [(name, a.get("503 registration-in-progress", 0)) for name, _, _, a in runs]
+    if any(v for _, v in claims):
+        shown = ", ".join(f"{name}: {v:,}" for name, v in claims if v)
+        out.append(
+            f"503 registration-in-progress ({shown}): the broker claims a runtime's mapping "
+            "for `BROKER_REGISTRATION_CLAIM_SECONDS` (60 s) at the first attempt and registers "
+            "only while more than 3 x `BROKER_DIRECTOR_TIMEOUT_SECONDS` + "
+            "`BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS` (35 s) of the claim are left; the claim "
+            "is not renewed by its own holder, so 25 s after the first attempt every further "
+            "attempt is refused until the claim expires, after paying for its lookups in "
+            "Director (they run before that check)."
+        )
     for c in report.cold:
         if c.integrity.duplicates:
             out.append(

@@ -286,8 +286,20 @@ def test_render_has_machine_command_tables_ratios_and_findings() -> None:
     assert text.endswith("\n")
 
 
-def test_static_notes_say_when_the_largest_fleet_was_reduced() -> None:
-    notes = report.static_notes([100, 1000], {"BROKER_X": "1"})
-    assert any("N = 1,000, not 5,000" in n for n in notes)
-    assert any("`BROKER_X=1`" in n for n in notes)
-    assert report.static_notes([100, 5000], {}) == []
+def test_the_reduction_note_says_why_from_the_figures() -> None:
+    r = _report(recovery=2.0, lookups=2.0, p99=12.0, rss_mb=90)
+    r.sizes = [100]
+    note = report.reduction_note(r)
+    assert note is not None
+    assert "N = 100, not 5,000 (50x smaller)" in note
+    assert "chosen on the command line" in note  # the cold start connected all 100
+    stuck = r.cold[0]
+    r.cold[0] = ColdStartResult(**{**stuck.__dict__, "connected": 8, "seconds": None})
+    note = report.reduction_note(r)
+    assert note is not None
+    assert "already at N = 100 the broker connected only 8 of 100" in note
+    r.sizes = [100, 5000]
+    assert report.reduction_note(r) is None
+    assert report.static_notes([100], {"BROKER_X": "1"}) == [
+        "Broker settings changed for every run: `BROKER_X=1`."
+    ]
