@@ -235,15 +235,23 @@ class TestCluster:
         )
 
     def apply_crds(self, paths: Sequence[Path], *, timeout: float = 30.0) -> None:
-        """Creates (or replaces) CRDs and waits until each is Established and served."""
+        """Creates (or replaces) CRDs and waits until each is Established and can be listed.
+
+        Established alone is not enough: a fresh API server answers list and watch of a new
+        resource with 429 "storage is (re)initializing" for a few seconds more.
+        """
         ext = client.ApiextensionsV1Api(self.api_client)
         names = []
+        served: list[tuple[str, str, str]] = []
         for path in paths:
             for doc in yaml.safe_load_all(path.read_text()):
                 if not doc:
                     continue
                 name = doc["metadata"]["name"]
                 names.append(name)
+                spec = doc["spec"]
+                version = next(v["name"] for v in spec["versions"] if v.get("served", True))
+                served.append((spec["group"], version, spec["names"]["plural"]))
                 try:
                     ext.create_custom_resource_definition(doc)
                 except ApiException as exc:
@@ -263,6 +271,15 @@ class TestCluster:
                 if time.monotonic() > deadline:
                     raise ClusterError(f"CRD {name} not established within {timeout}s")
                 time.sleep(0.1)
+        for group, version, plural in served:
+            while True:
+                try:
+                    self.custom.list_cluster_custom_object(group, version, plural, limit=1)
+                    break
+                except ApiException as exc:
+                    if exc.status not in (404, 429, 503) or time.monotonic() > deadline:
+                        raise ClusterError(f"{plural}.{group} not served: {exc.status}") from exc
+                time.sleep(0.2)
 
 
 def kyma_crds() -> list[Path]:
