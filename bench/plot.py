@@ -33,6 +33,16 @@ def capacity_line(result: OutageResult, end: float) -> tuple[list[float], list[f
     ]
 
 
+def title(result: OutageResult) -> str:
+    head = f"N = {result.n:,}, Director down for {result.up_at - result.down_at:.0f} s: "
+    bound = f"bound {result.bound:.1f} s"
+    if result.recovery_seconds is None:
+        return head + f"{result.connected:,} of {result.n:,} connected by the deadline ({bound})"
+    ratio = stats.ratio(result.recovery_seconds, result.bound)
+    shown = f", {ratio:.1f}x" if ratio is not None else ""
+    return head + f"all connected {result.recovery_seconds:.0f} s after its return ({bound}{shown})"
+
+
 def plot_outage(results: Sequence[OutageResult], path: Path) -> Path:
     panels = len(results)
     fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels), squeeze=False)
@@ -46,12 +56,7 @@ def plot_outage(results: Sequence[OutageResult], path: Path) -> Path:
         ax.axhline(r.n, color="black", linewidth=0.5)
         ax.set_xlim(0, end)
         ax.set_ylim(0, r.n * 1.08)
-        ratio = stats.ratio(r.recovery_seconds, r.bound)
-        ax.set_title(
-            f"N = {r.n:,}: recovery {r.recovery_seconds or float('nan'):.0f} s after Director "
-            f"returned, bound {r.bound:.0f} s" + (f" ({ratio:.2f}x)" if ratio is not None else ""),
-            fontsize=10,
-        )
+        ax.set_title(title(r), fontsize=10)
         ax.set_ylabel("runtimes connected")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
