@@ -45,3 +45,103 @@ def test_pure_module_has_no_io_imports(module: str) -> None:
             imported.append(node.module)
     bad = [m for m in imported if m.startswith(FORBIDDEN)]
     assert not bad, f"{module} imports {bad}"
+
+
+# --- layers: a module imports only from its own layer or below ---------------------------------
+
+LAYERS: dict[str, int] = {
+    # 0: pure decisions, data, configuration, metrics/log plumbing
+    **dict.fromkeys(
+        [
+            "circuit_breaker",
+            "ratelimit",
+            "retry",
+            "errors",
+            "model",
+            "policy",
+            "singleflight",
+            "settings",
+            "metrics",
+            "logs",
+            "registration.state",
+            "registration.naming",
+            "identity.claims",
+            "identity.xfcc",
+            "api.problems",
+            "director.errors",
+            "director.documents",
+            "director.models",
+        ],
+        0,
+    ),
+    # 1: adapters (Kubernetes, Director, identity proofs)
+    **dict.fromkeys(
+        [
+            "kube.client",
+            "kube.config",
+            "kube.events",
+            "kube.kyma_cache",
+            "kube.lease",
+            "kube.mappings",
+            "kube.runtime_access",
+            "director.client",
+            "director.guard",
+            "director.oauth",
+            "identity.jwks",
+            "identity.tokenreview",
+            "identity.verifier",
+        ],
+        1,
+    ),
+    # 2: use cases
+    **dict.fromkeys(["registration.service", "status", "issuing", "reconciler"], 2),
+    "api.app": 3,  # the HTTP surface
+    "wiring": 4,  # the composition root
+    "__main__": 5,
+}
+PACKAGES = {"", "api", "director", "identity", "kube", "registration"}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    return ".".join(rel.parts)
+
+
+def _internal_imports(path: Path) -> list[str]:
+    """Broker modules a file imports, as names relative to the package (`kube.client`)."""
+    out: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if not node.module.startswith("control_plane_broker"):
+                continue
+            base = node.module.removeprefix("control_plane_broker").lstrip(".")
+            if base in PACKAGES:  # `from pkg import submodule [as x]`
+                out += [f"{base}.{a.name}".lstrip(".") for a in node.names]
+            else:
+                out.append(base)
+        elif isinstance(node, ast.Import):
+            out += [
+                a.name.removeprefix("control_plane_broker.")
+                for a in node.names
+                if a.name.startswith("control_plane_broker.")
+            ]
+    return out
+
+
+def test_every_module_has_a_layer() -> None:
+    modules = {_module_name(p) for p in PKG.rglob("*.py") if p.name != "__init__.py"}
+    assert modules == set(LAYERS), "place new modules in LAYERS"
+
+
+@pytest.mark.parametrize("module", sorted(LAYERS))
+def test_module_imports_only_its_layer_or_below(module: str) -> None:
+    path = PKG / (module.replace(".", "/") + ".py")
+    upward = [
+        target
+        for target in _internal_imports(path)
+        if target in LAYERS and LAYERS[target] > LAYERS[module]
+    ]
+    assert not upward, f"{module} (layer {LAYERS[module]}) imports higher layers: {upward}"
+    # Package re-exports are for outside users; inside, import the defining module (no cycles).
+    via_package = [t for t in _internal_imports(path) if t not in LAYERS]
+    assert not via_package, f"{module} imports {via_package} through a package __init__"
