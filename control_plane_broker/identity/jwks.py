@@ -3,7 +3,9 @@
 Keys come from the runtime API server (`/openid/v1/jwks`, issuer from
 `/.well-known/openid-configuration`) through its kubeconfig, or from a configured issuer URL
 (`{runtime_id}` is substituted). An unknown `kid` triggers one refetch, at most every
-`refetch_seconds` per runtime, so garbage tokens cannot make us hammer the cluster.
+`refetch_seconds` per runtime, so garbage tokens cannot make us hammer the cluster. Keys are
+also refetched once they are `max_age_seconds` old, so a key the cluster retired (rotated out or
+revoked) stops being trusted within that time.
 RS256 and ES256 only; iss, aud, exp, nbf checked. No call per request once keys are known.
 """
 
@@ -48,6 +50,7 @@ class JwksVerifier:
         http: httpx.AsyncClient,
         clock: Callable[[], float],
         refetch_seconds: float = 10.0,
+        max_age_seconds: float = 300.0,
         leeway: float = 5.0,
     ) -> None:
         self._access = access
@@ -57,6 +60,7 @@ class JwksVerifier:
         self._http = http
         self._clock = clock
         self._refetch = refetch_seconds
+        self._max_age = max_age_seconds
         self._leeway = leeway
         self._keys: dict[str, _Keys] = {}
 
@@ -90,8 +94,12 @@ class JwksVerifier:
 
     async def _key_for(self, kyma: KymaView, runtime_id: str, kid: str) -> tuple[str, jwt.PyJWK]:
         cached = self._keys.get(kyma.name)
-        if cached is None or (
-            kid not in cached.keys and self._clock() - cached.fetched_at >= self._refetch
+        age = None if cached is None else self._clock() - cached.fetched_at
+        if (
+            cached is None
+            or age is None
+            or age >= self._max_age
+            or (kid not in cached.keys and age >= self._refetch)
         ):
             cached = await self._fetch(kyma, runtime_id)
             self._keys[kyma.name] = cached

@@ -184,3 +184,50 @@ async def test_jwks_verifies_locally_and_refetches_on_unknown_kid(alg: str, make
     await http.aclose()
     await runtime_access.aclose()
     await kcp.aclose()
+
+
+async def test_jwks_keys_expire_so_a_retired_key_stops_being_trusted() -> None:
+    world = World()
+    retired, current = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048) for _ in range(2)
+    )
+    world.jwks = {"keys": [_jwk(retired, "retired", "RS256")]}
+    now = [1000.0]
+    runtime_access, kcp = access(world)
+    http = httpx.AsyncClient(transport=httpx.MockTransport(world.handler))
+    verifier = JwksVerifier(
+        runtime_access,
+        audience="compass-broker",
+        allowed=ALLOWED,
+        issuer_url="",
+        http=http,
+        clock=lambda: now[0],
+        refetch_seconds=10,
+        max_age_seconds=300,
+    )
+    t = int(time.time())
+    token = jwt.encode(
+        {
+            "iss": "https://issuer.test",
+            "aud": ["compass-broker"],
+            "exp": t + 3600,
+            "sub": "system:serviceaccount:kyma-system:compass-agent",
+        },
+        retired,
+        algorithm="RS256",
+        headers={"kid": "retired"},
+    )
+    await verifier.verify(kyma=KYMA, runtime_id="rt-a", headers=bearer(token))
+    # The cluster retires the key. Within the key lifetime the cached set still answers ...
+    world.jwks = {"keys": [_jwk(current, "current", "RS256")]}
+    now[0] += 299
+    await verifier.verify(kyma=KYMA, runtime_id="rt-a", headers=bearer(token))
+    assert world.jwks_reads == 1
+    # ... after it, the keys are fetched again and the retired key is no longer trusted.
+    now[0] += 2
+    with pytest.raises(IdentityForbidden):
+        await verifier.verify(kyma=KYMA, runtime_id="rt-a", headers=bearer(token))
+    assert world.jwks_reads == 2
+    await http.aclose()
+    await runtime_access.aclose()
+    await kcp.aclose()
