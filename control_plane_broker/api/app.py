@@ -17,8 +17,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from control_plane_broker.api.problems import MEDIA_TYPE, problem_for
+from control_plane_broker.api.problems import MEDIA_TYPE, problem_for, type_uri
 from control_plane_broker.errors import BrokerError, MalformedRequest
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.metrics import Metrics
@@ -84,6 +85,22 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         return problem(MalformedRequest("request failed validation"), request)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Routing errors (no such path, e.g. a runtime ID with a slash; wrong method) leave as
+        # problems too, so every error a client sees has one shape.
+        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        body = {
+            "type": type_uri(slug),
+            "title": str(exc.detail),
+            "status": exc.status_code,
+            "detail": str(exc.detail),
+            "instance": request.url.path,
+        }
+        return JSONResponse(
+            body, status_code=exc.status_code, headers=exc.headers, media_type=MEDIA_TYPE
+        )
 
     @app.middleware("http")
     async def _access_log(

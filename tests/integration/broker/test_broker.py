@@ -251,6 +251,28 @@ def test_unknown_runtime_malformed_id_module_off_and_deleting(
     rt_a.patch_kyma({"metadata": {"finalizers": []}})
 
 
+def test_per_runtime_rate_limit_gives_429_with_retry_after(
+    brokers: BrokerFactory,
+    control_plane: TestCluster,
+    kcp_ns: str,
+    runtime_b: TestCluster,
+    rt_a: Runtime,
+    sim: Any,
+) -> None:
+    b = seed_runtime(control_plane, kcp_ns, runtime_b)
+    broker = brokers(BROKER_RATE_LIMIT_BURST="2", BROKER_RATE_LIMIT_PER_MINUTE="1")
+    for _ in range(2):
+        assert broker.request_token(rt_a.runtime_id, rt_a.token()).status_code == 201
+    issued = attempts(sim, "requestOneTimeTokenForRuntime")
+    r = broker.request_token(rt_a.runtime_id, rt_a.token())
+    assert (r.status_code, problem_type(r)) == (429, "rate-limited")
+    # a minute per token at 1/min, minus the time spent, plus up to 2 s of jitter
+    assert 30 <= int(r.headers["Retry-After"]) <= 60 + 2 + 1
+    assert attempts(sim, "requestOneTimeTokenForRuntime") == issued  # refused before Director
+    # The limit is per runtime: B is not affected.
+    assert broker.request_token(b.runtime_id, b.token()).status_code == 201
+
+
 # --- Compass outages ---
 
 
@@ -456,11 +478,6 @@ def test_compass_manager_mapping_adopted_and_labels_synced(
     )
     registrations_before = attempts(sim, "registerRuntime")
     broker = brokers()
-    r = broker.request_token(rt_a.runtime_id, rt_a.token())
-    assert r.status_code == 201, r.text
-    assert r.json()["compassRuntimeID"] == compass_id
-    assert attempts(sim, "registerRuntime") == registrations_before
-    assert [x.id for x in director_runtimes(sim, rt_a.tenant)] == [compass_id]
 
     # The leader brings Director's labels in line with the Kyma (ours added, theirs corrected).
     def synced() -> bool:
@@ -471,6 +488,14 @@ def test_compass_manager_mapping_adopted_and_labels_synced(
         )
 
     wait_for(synced, what="labels of the adopted runtime")
+    # The reconciler has been over the mapping, yet no token was requested: tokens only on ask.
+    assert attempts(sim, "requestOneTimeTokenForRuntime") == 0
+
+    r = broker.request_token(rt_a.runtime_id, rt_a.token())
+    assert r.status_code == 201, r.text
+    assert r.json()["compassRuntimeID"] == compass_id
+    assert attempts(sim, "registerRuntime") == registrations_before
+    assert [x.id for x in director_runtimes(sim, rt_a.tenant)] == [compass_id]
 
     # A later change of a Kyma label that feeds a Director label is synced too.
     rt_a.patch_kyma({"metadata": {"labels": {"kyma-project.io/broker-plan-name": "aws"}}})
