@@ -98,8 +98,8 @@ def verdicts(report: BenchReport) -> list[Verdict]:
         out.append(
             Verdict(
                 f"At most {PROBES_PER_WINDOW_TARGET} Director probe per 5 s while it is down",
-                f"at most {worst} call(s) in any 5 s window after the first 5 s "
-                f"(first 5 s, while the breaker opens: up to {first})",
+                f"at most {worst} call(s) in any 5 s window after the first 5 s of calls "
+                f"(those first 5 s, while the breaker opens: up to {first})",
                 "met" if worst <= PROBES_PER_WINDOW_TARGET else "not met",
             )
         )
@@ -308,7 +308,7 @@ def render(report: BenchReport) -> str:
                 "T (s)",
                 "connected",
                 "calls during outage",
-                "in first 5 s",
+                "in the 5 s from the first call",
                 "max per 5 s after",
                 "first connect after return (s)",
                 "recovery (s)",
@@ -489,7 +489,8 @@ def findings(report: BenchReport) -> list[str]:
         if other:
             shown = ", ".join(f"`{op}` {v:,}" for op, v in sorted(other.items()))
             out.append(f"{name}: other Director calls: {shown}.")
-    for name, _, k, attempts in runs:
+    cold_runs = [(f"cold start N = {c.n:,}", c.connected, c.attempts) for c in report.cold]
+    for name, k, attempts in cold_runs:
         busy = sum(v for label, v in attempts.items() if label.startswith("503"))
         if k and busy:
             kinds = ", ".join(
@@ -536,11 +537,40 @@ def findings(report: BenchReport) -> list[str]:
                 f"cold start N = {c.n:,}: {c.integrity.duplicates} DUPLICATE registration(s)."
             )
     for o in report.outage:
+        if o.max_calls_per_window_after > PROBES_PER_WINDOW_TARGET:
+            out.append(
+                f"outage N = {o.n:,}: {o.calls_during_outage:,} calls reached Compass while it "
+                f"was down, up to {o.max_calls_per_window_after:,} in 5 s after the first 5 s of "
+                "calls. The breaker opens after 5 failures, but `DirectorGuard.call` asks the "
+                "breaker before it waits for one of the C concurrency slots: every request "
+                "already queued for a slot when the breaker opens still calls Compass once it "
+                "gets a slot (here mostly the OAuth token endpoint, which a fresh broker needs "
+                "first)."
+            )
         if o.integrity.duplicates:
             out.append(f"outage N = {o.n:,}: {o.integrity.duplicates} DUPLICATE registration(s).")
         if o.director_after_return.peak_in_flight > o.capacity:
             out.append(
                 f"outage N = {o.n:,}: {o.director_after_return.peak_in_flight} Director calls "
                 f"were in flight at once, more than C = {o.capacity}."
+            )
+    steady = report.steady
+    if steady is not None:
+        rejected_while_up = steady.issued.statuses.get("503", 0)
+        if rejected_while_up:
+            out.append(
+                f"Steady state: {rejected_while_up:,} of {steady.issued.requests:,} requests of "
+                f"registered runtimes got 503 at {steady.callers} concurrent callers although "
+                "Director answered at once: they waited longer than the 5 s queue timeout for a "
+                "Director slot while the broker's single event loop was busy."
+            )
+        single, loaded = steady.single.cpu_ms_per_answer, steady.issued.cpu_ms_per_answer
+        if single and loaded and loaded > 1.5 * single:
+            out.append(
+                f"Broker CPU per issued token grows with concurrency: {single:.1f} ms with one "
+                f"caller, {loaded:.1f} ms with {steady.callers}. Each token costs the broker one "
+                "Director call and four KCP requests (mapping read in the registration check, "
+                "mapping read and status patch, an Event), all through one `httpx.AsyncClient` "
+                "per upstream whose pool bookkeeping grows with the requests queued on it."
             )
     return out

@@ -56,7 +56,7 @@ class OutageResult:
     first_connect_after_return: float | None
     bound: float
     calls_during_outage: int  # to Compass while it was down: Director and OAuth token endpoint
-    calls_first_window: int  # in the first 5 s of the outage (the breaker opening)
+    calls_first_window: int  # in the 5 s from the first call of the outage (the breaker opening)
     max_calls_per_window_after: int  # most calls in any 5 s window after the first one
     director_after_return: DirectorCounts
     integrity: Integrity

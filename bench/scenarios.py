@@ -270,7 +270,9 @@ class Bench:
             director_after = await self._director_counts(run, after)
             integrity = await self._integrity(run)
         connected = list(result.connected_at.values())
-        first_window_end = down_at + PROBE_WINDOW
+        # The breaker needs a few failures to open: the first window starts at the first call
+        # that reached Compass, and probes are what comes after it.
+        first_window_end = (min(during) if during else down_at) + PROBE_WINDOW
         return OutageResult(
             n=n,
             capacity=cfg.capacity,
