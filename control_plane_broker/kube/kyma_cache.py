@@ -74,9 +74,11 @@ class KymaCache:
             try:
                 if resource_version is None:
                     resource_version = await self._relist()
+                events = 0
                 async for event in self._client.watch(
                     self._path, resource_version=resource_version
                 ):
+                    events += 1
                     obj = event.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if rv:
@@ -90,6 +92,9 @@ class KymaCache:
                     else:
                         self._items[view.name] = view
                     self._notify(view.name)
+                if events == 0:
+                    # A stream that ends at once (a proxy cutting it) must not become a busy loop.
+                    await asyncio.sleep(self._retry)
             except Gone:
                 log.info("kyma watch expired, re-listing")
                 resource_version = None

@@ -130,3 +130,24 @@ async def test_kyma_cache_is_synced_only_after_a_complete_list() -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await client.aclose()
+
+
+async def test_kyma_cache_does_not_spin_on_watch_streams_that_end_at_once() -> None:
+    watches: list[int] = []
+
+    def kcp(request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("watch"):
+            watches.append(1)
+            return httpx.Response(200, text="")  # ends at once, no events
+        return httpx.Response(200, json={"metadata": {"resourceVersion": "5"}, "items": []})
+
+    client = KubeClient(ClusterAccess(server="http://kcp.test"), transport=httpx.MockTransport(kcp))
+    cache = KymaCache(client, namespace="kcp-system", retry_seconds=0.1)
+    task = asyncio.create_task(cache.run())
+    try:
+        await asyncio.sleep(0.5)
+        assert 1 <= len(watches) <= 10  # paced by retry_seconds, not thousands
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.aclose()
