@@ -124,15 +124,22 @@ class RegistrationService:
                             )
                         )
                 case state.Proceed(claim_expires=claim_expires):
-                    compass_id, outcome = await self._find_or_register(kyma, tenant, claim_expires)
+                    compass_id, outcome, labels = await self._find_or_register(
+                        kyma, tenant, claim_expires
+                    )
                     await self._record(kyma.name, compass_id)
+                    if labels is not None:
+                        # What Director holds now, so the reconciler's label sync has
+                        # nothing to write for a runtime it has just seen registered.
+                        await self._repo.patch_status(kyma.name, {"directorLabels": labels})
                     self._metrics.registrations.labels(outcome).inc()
                     return Registered(compass_id, tenant, outcome)
         raise RegistrationBusy("registration did not settle", retry_after=1)
 
     async def _find_or_register(
         self, kyma: KymaView, tenant: str, claim_expires: float
-    ) -> tuple[str, str]:
+    ) -> tuple[str, str, dict[str, str] | None]:
+        """The Compass runtime ID, how it was obtained, and the labels sent if registered."""
         s = self._settings
         ours = await self._director.runtimes_by_label(
             tenant=tenant, key=s.runtime_id_label, value=kyma.runtime_id
@@ -150,7 +157,7 @@ class RegistrationService:
                         "several Director runtimes for one Kyma; using the first",
                         extra={"kyma": kyma.name, "compass_ids": list(duplicates)},
                     )
-                return compass_id, "found"
+                return compass_id, "found", None
             case state.Register():
                 pass
         budget = 3 * s.director_timeout_seconds + s.director_queue_timeout_seconds
@@ -158,12 +165,13 @@ class RegistrationService:
             claim_expires=claim_expires, now=self._clock(), call_budget=budget
         ):
             raise RegistrationBusy("claim too close to expiry", retry_after=1)
+        labels = naming.director_labels(
+            kyma, managed_by=s.managed_by_label_value, runtime_id_label=s.runtime_id_label
+        )
         spec = RuntimeRegisterInput(
             name=naming.derive_name(shoot_name=shoot, runtime_id=kyma.runtime_id),
             description=f"Kyma runtime {kyma.runtime_id}",
-            labels=naming.director_labels(
-                kyma, managed_by=s.managed_by_label_value, runtime_id_label=s.runtime_id_label
-            ),
+            labels=labels,
         )
         runtime = await self._director.register_runtime(tenant=tenant, spec=spec)
         log.info(
@@ -171,7 +179,7 @@ class RegistrationService:
         )
         if s.test_crash_point == "after-register":
             self._crash()
-        return runtime.id, "registered"
+        return runtime.id, "registered", labels
 
     async def _record(self, name: str, compass_id: str) -> None:
         for _ in range(MAX_ROUNDS):

@@ -102,6 +102,15 @@ def test_happy_path_registers_once_records_mapping_and_issues_tokens(
     events = rt_a.kcp.core.list_namespaced_event(rt_a.namespace).items
     assert {"RuntimeRegistered", "TokenIssued"} <= {e.reason for e in events}
 
+    # The labels sent with registerRuntime are on record, so the reconciler's sweeps (every
+    # 2 s here) find nothing to sync: no Director label call for a fresh registration.
+    wait_for(
+        lambda: (rt_a.mapping() or {}).get("status", {}).get("directorLabels"),
+        what="directorLabels on the mapping",
+    )
+    time.sleep(5)
+    assert attempts(sim, "setRuntimeLabel") == 0
+
 
 def test_health_ready_metrics_openapi(brokers: BrokerFactory) -> None:
     broker = brokers()
