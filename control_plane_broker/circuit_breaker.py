@@ -56,6 +56,23 @@ def admit(breaker: Breaker, policy: BreakerPolicy, now: float) -> tuple[Breaker,
     return replace(breaker, probe_in_flight=True), Admission(allowed=True)
 
 
+def may_leave_queue(breaker: Breaker, *, probe: bool) -> bool:
+    """May a call admitted earlier go out now that it has a concurrency slot?
+
+    A probe goes out: it is the one call the half-open state waits for. Any other call
+    goes out only while the breaker is still closed; one that opened while the call
+    queued must not be undermined by the queue that built up during the outage.
+    """
+    return probe or breaker.state is State.CLOSED
+
+
+def seconds_until_probe(breaker: Breaker, policy: BreakerPolicy, now: float) -> float:
+    """How long a refused caller should wait: the open period left, or one period."""
+    if breaker.state is State.OPEN:
+        return max(breaker.opened_at + policy.open_seconds - now, 0.0)
+    return policy.open_seconds if breaker.state is State.HALF_OPEN else 0.0
+
+
 def record_success(breaker: Breaker) -> Breaker:
     return Breaker()
 

@@ -1,7 +1,8 @@
 """Protects Director: a circuit breaker and a global concurrency limit around every call.
 
-Holds: while the breaker is open no call leaves the process; at most `max_concurrency` calls are
-in flight; a caller that waits longer than `queue_timeout` for a slot gets `CompassUnavailable`.
+Holds: while the breaker is open no call leaves the process, also none that was already waiting
+for a slot when it opened; at most `max_concurrency` calls are in flight; a caller that waits
+longer than `queue_timeout` for a slot gets `CompassUnavailable`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class DirectorGuard:
         self._set(breaker)
         if not admission.allowed:
             raise CompassUnavailable("circuit breaker open", retry_after=admission.retry_after)
+        probe = breaker.state is cb.State.HALF_OPEN
         verdict: bool | None = None  # True healthy, False outage, None no verdict
         try:
             try:
@@ -57,6 +59,13 @@ class DirectorGuard:
                     "too many Director calls in flight", retry_after=1.0
                 ) from None
             try:
+                if not cb.may_leave_queue(self._breaker, probe=probe):
+                    raise CompassUnavailable(
+                        "circuit breaker opened while the call waited for a slot",
+                        retry_after=cb.seconds_until_probe(
+                            self._breaker, self._policy, self._clock()
+                        ),
+                    )
                 result = await fn()
             finally:
                 self._slots.release()
@@ -71,13 +80,13 @@ class DirectorGuard:
             verdict = True  # a permanent answer: Director is up and talking
             raise
         finally:
-            self._settle(verdict)
+            self._settle(verdict, probe=probe)
 
-    def _settle(self, verdict: bool | None) -> None:
+    def _settle(self, verdict: bool | None, *, probe: bool) -> None:
         if verdict is False:
             self._set(cb.record_failure(self._breaker, self._policy, self._clock()))
         elif verdict is True and self._breaker.state is not cb.State.OPEN:
             self._set(cb.record_success(self._breaker))
-        elif verdict is None and self._breaker.state is cb.State.HALF_OPEN:
-            # Cancelled or queue timeout: free the probe slot so the next caller probes.
+        elif verdict is None and probe and self._breaker.state is cb.State.HALF_OPEN:
+            # The probe was cancelled or timed out in the queue: let the next caller probe.
             self._set(cb.release_probe(self._breaker))

@@ -299,3 +299,53 @@ def test_credentials_file_missing_field(tmp_path: Path) -> None:
     path.write_text("data: {client_id: a}\n")
     with pytest.raises(ValueError, match="client_secret"):
         load_director_credentials(path)
+
+
+async def test_calls_queued_when_the_breaker_opens_do_not_reach_director() -> None:
+    """An outage must not be followed by the queue that built up in it: no call leaves
+    the process once the breaker is open, also none that waited for a slot."""
+    clock = Clock()
+    guard = DirectorGuard(
+        policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
+        max_concurrency=1,
+        queue_timeout=5,
+        clock=clock,
+    )
+    release = asyncio.Event()
+    reached: list[str] = []
+
+    async def failing() -> None:
+        reached.append("first")
+        await release.wait()
+        raise DirectorRetryable("503")
+
+    async def queued() -> None:
+        reached.append("queued")
+
+    first = asyncio.create_task(guard.call(failing))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(guard.call(queued))  # admitted while closed, waits for a slot
+    await asyncio.sleep(0.01)
+    release.set()
+    with pytest.raises(DirectorRetryable):
+        await first
+    with pytest.raises(CompassUnavailable, match="opened while the call waited") as refused:
+        await second
+    assert reached == ["first"]
+    assert guard.state is cb.State.OPEN
+    assert 0 < refused.value.retry_after <= 30
+
+
+@pytest.mark.parametrize(
+    ("breaker", "probe", "leaves", "wait"),
+    [
+        (cb.Breaker(), False, True, 0.0),
+        (cb.Breaker(state=cb.State.OPEN, opened_at=100.0), False, False, 20.0),
+        (cb.Breaker(state=cb.State.HALF_OPEN, probe_in_flight=True), True, True, 30.0),
+        (cb.Breaker(state=cb.State.HALF_OPEN, probe_in_flight=True), False, False, 30.0),
+    ],
+)
+def test_queued_call_rules(breaker: cb.Breaker, probe: bool, leaves: bool, wait: float) -> None:
+    policy = cb.BreakerPolicy(failure_threshold=3, open_seconds=30)
+    assert cb.may_leave_queue(breaker, probe=probe) is leaves
+    assert cb.seconds_until_probe(breaker, policy, now=110.0) == wait
