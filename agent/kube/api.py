@@ -77,7 +77,7 @@ def _error_for(status: int, body: bytes) -> KubeError:
 def _translate() -> Any:
     try:
         yield
-    except httpx.TransportError as e:
+    except httpx.RequestError as e:  # transport errors, and a body that cannot be decoded
         raise KubeUnavailable(None, f"API server unreachable: {type(e).__name__}") from e
 
 
@@ -276,7 +276,11 @@ class KubeClient:
                 async for line in response.aiter_lines():
                     if not line.strip():
                         continue
-                    event: JSON = json.loads(line)
+                    try:
+                        event: JSON = json.loads(line)
+                    except ValueError as e:
+                        # A stream cut mid-line ends in a fragment: treat it as a dropped watch.
+                        raise KubeUnavailable(None, "garbled watch event") from e
                     if event.get("type") == "ERROR":
                         status = event.get("object", {})
                         raise _error_for(int(status.get("code", 500)), json.dumps(status).encode())

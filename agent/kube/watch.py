@@ -1,9 +1,12 @@
 """List-then-watch of one kind of object; every change only *notifies* (level-based loop).
 
 Always holds: after every (re)list the watcher notifies, since anything may have changed
-while it was not watching; a 410 Gone re-lists at once; other failures (API server down, the
-CRD not installed yet) re-list after THE retry policy's backoff, forever, until cancelled.
-Cancelling the task ends the watch cleanly (httpx closes the stream).
+while it was not watching; a 410 Gone re-lists at once; other failures (API server down, a
+dropped or garbled stream, the CRD not installed yet) re-list after THE retry policy's backoff,
+forever, until cancelled. The backoff counts failures since the last successful list only, so
+the n-th disconnect in a long life is retried as promptly as the first. Cancelling the task
+ends the watch cleanly (httpx closes the stream). A kind that is not installed (404 on list)
+counts as synced — empty — and is looked for again with the same backoff.
 """
 
 from __future__ import annotations
@@ -49,13 +52,20 @@ class Watcher:
     async def run(self) -> None:
         failures = 0
         while True:
+            listed_before = self.relists
             try:
                 await self._list_and_watch()
             except Gone:
                 log.info("watch expired, re-listing", extra={"watch": self.name})
                 failures = 0
             except KubeError as e:
-                failures += 1
+                # A failure after a successful list starts a new outage, not the old one going on.
+                failures = 1 if self.relists > listed_before else failures + 1
+                if e.status == 404 and not self.synced.is_set():
+                    # The kind is not installed (its CRD comes with a module): there is nothing
+                    # to know about it, so it does not hold readiness back; keep looking.
+                    self.synced.set()
+                    self._notify()
                 delay = next_delay(self._policy, failures, rng=self._rng)
                 log.warning(
                     "watch failed, re-listing later",

@@ -200,3 +200,95 @@ async def test_watch_survives_an_unreachable_api_server_with_backoff() -> None:
     assert watcher.synced.is_set()
     # Three failed lists, backing off, then a list that works.
     assert sleeps[:3] == [1.0, 2.0, 4.0]
+
+
+async def test_each_dropped_watch_is_retried_promptly_and_garbage_does_not_kill_it() -> None:
+    """A watch that lists fine and then drops starts its backoff over: the tenth disconnect of
+    a long life is not waited out at the cap. A stream cut mid-line is a drop, not a crash."""
+    lists = 0
+    sleeps: list[float] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal lists
+        if request.url.params.get("watch") != "1":
+            lists += 1
+            return httpx.Response(200, json={"metadata": {"resourceVersion": "1"}, "items": []})
+        if lists % 2:
+            raise httpx.RemoteProtocolError("peer closed connection", request=request)
+        return httpx.Response(200, content=b'{"type": "MODIFIED", "obj')  # cut mid-line
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        await asyncio.sleep(0)
+
+    client = client_for(httpx.MockTransport(handle))
+    watcher = Watcher(
+        client,
+        "/api/v1/namespaces/x/secrets",
+        name="t",
+        notify=lambda: None,
+        policy=RetryPolicy(base=1.0, cap=300.0, jitter=Jitter.NONE),
+        sleep=sleep,
+    )
+    task = asyncio.create_task(watcher.run())
+    for _ in range(500):
+        if watcher.relists >= 10:
+            break
+        await asyncio.sleep(0)
+    assert not task.done(), task.exception() if task.done() else None
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await client.aclose()
+    assert watcher.relists >= 10
+    assert set(sleeps) == {1.0}, sleeps  # the first step every time, never growing
+
+
+async def test_a_kind_that_is_not_installed_counts_as_synced_and_is_looked_for_again() -> None:
+    """No CRD yet (404 on list): readiness is not held back, and the watch starts once it
+    appears."""
+    lists = 0
+    notified = 0
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal lists
+        if request.url.params.get("watch") == "1":
+            return httpx.Response(200, content=b"")
+        lists += 1
+        if lists <= 2:
+            return httpx.Response(404, json={"kind": "Status", "code": 404, "message": "nope"})
+        return httpx.Response(200, json={"metadata": {"resourceVersion": "7"}, "items": []})
+
+    def notify() -> None:
+        nonlocal notified
+        notified += 1
+
+    async def sleep(seconds: float) -> None:
+        await asyncio.sleep(0)
+
+    client = client_for(httpx.MockTransport(handle))
+    watcher = Watcher(
+        client,
+        "/apis/operator.kyma-project.io/v1alpha1/namespaces/x/applicationconnectors",
+        name="t",
+        notify=notify,
+        policy=RetryPolicy(base=1.0, cap=4.0, jitter=Jitter.NONE),
+        sleep=sleep,
+    )
+    task = asyncio.create_task(watcher.run())
+    for _ in range(200):
+        if watcher.synced.is_set():
+            break
+        await asyncio.sleep(0)
+    assert watcher.synced.is_set()
+    assert watcher.relists == 0  # synced because the kind is absent, not because it listed
+    assert notified == 1
+    for _ in range(200):
+        if watcher.relists >= 1:
+            break
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await client.aclose()
+    assert watcher.relists >= 1  # the CRD appeared: listed and watching
