@@ -69,9 +69,11 @@ class Agent:
         self.identity_name = settings.identity or os.environ.get("HOSTNAME") or socket.gethostname()
         identity: Identity
         if settings.identity_mode is IdentityMode.MTLS:
-            identity = MtlsIdentity()
-            verify = tls_context(
-                ca_bundle=settings.broker_ca_bundle,
+            assert settings.client_cert_file is not None  # the settings check made sure
+            assert settings.client_key_file is not None
+            verify = tls_context(ca_bundle=settings.broker_ca_bundle)
+            identity = MtlsIdentity(
+                context=verify,
                 cert_file=settings.client_cert_file,
                 key_file=settings.client_key_file,
             )
@@ -130,10 +132,11 @@ class Agent:
             host=host,
             port=port,
             registry=self.metrics.registry,
-            healthy=lambda: self.reconciler.alive,
+            healthy=self.healthy,
             ready=self.ready,
         )
         self.started = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
 
     def _watchers(self, rng: RandomSource | None) -> list[Watcher]:
         s = self.settings
@@ -181,6 +184,11 @@ class Agent:
             )
         return watchers
 
+    def healthy(self) -> bool:
+        # A watcher or the lease keeper only ends by dying: the agent would then be deaf (or
+        # never renew), which a liveness probe should answer with a restart.
+        return self.reconciler.alive and not any(t.done() for t in self._tasks)
+
     def ready(self) -> bool:
         # Ready once every watch has listed once: until then the agent knows too little to act.
         return self.reconciler.alive and all(w.synced.is_set() for w in self.watchers)
@@ -188,6 +196,7 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         await self.health.start()
         tasks = [asyncio.create_task(w.run(), name=f"watch-{w.name}") for w in self.watchers]
+        self._tasks = tasks
         leading = standby = None
         if self.lease is not None:
             tasks.append(asyncio.create_task(self.lease.run(), name="lease"))

@@ -4,12 +4,15 @@ Always holds: the projected ServiceAccount token file is re-read for every reque
 the kubelet rotates it; only without that file (outside a pod) does the agent ask the
 TokenRequest API for a short-lived, audience-bound token of its own ServiceAccount, and it
 reuses that token for at most half its lifetime. In mTLS mode the proof is the client
-certificate on the connection and no header is sent. Tokens are never logged.
+certificate on the connection and no header is sent; the certificate and key files are loaded
+before the first request and re-loaded whenever they change (a mounted secret is swapped in
+place), so new connections present the rotated pair. Tokens and keys are never logged.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -75,7 +78,38 @@ class ServiceAccountIdentity:
 
 
 class MtlsIdentity:
+    """Keeps the broker's SSL context presenting the current client certificate and key."""
+
+    def __init__(self, *, context: ssl.SSLContext, cert_file: Path, key_file: Path) -> None:
+        self._context = context
+        self._files = (cert_file, key_file)
+        self._loaded: tuple[tuple[int, int, int], ...] | None = None
+
+    def _stamp(self) -> tuple[tuple[int, int, int], ...]:
+        try:
+            stats = [f.stat() for f in self._files]
+        except OSError as e:
+            raise IdentityError(f"cannot read the client certificate or key: {e.strerror}") from e
+        return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in stats)
+
+    def refresh(self) -> bool:
+        """Loads the pair when it changed since the last load; True when it (re)loaded."""
+        stamp = self._stamp()
+        if stamp == self._loaded:
+            return False
+        cert, key = self._files
+        try:
+            self._context.load_cert_chain(str(cert), str(key))
+        except (OSError, ssl.SSLError) as e:
+            # Mid-rotation (new certificate, old key) or unreadable: a temporary condition.
+            raise IdentityError(f"cannot load the client certificate and key: {e}") from e
+        first = self._loaded is None
+        self._loaded = stamp
+        log.info("client certificate " + ("loaded" if first else "reloaded"))
+        return True
+
     async def authorization(self) -> str | None:
+        self.refresh()
         return None
 
 

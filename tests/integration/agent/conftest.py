@@ -4,8 +4,11 @@
 the Kyma CR, ApplicationConnector CRs and the cluster-scoped CompassConnection, and `start()`
 to run an `agent.app.Agent` on the test's event loop; every agent started is stopped (and
 awaited) at teardown, and the CompassConnection is removed so tests stay independent.
-`FakeBroker` is a scripted HTTP broker on a free loopback port for the failure-timing tests;
-`RecordingTransport` records every request the agent sends, whether or not anything listens.
+`FakeBroker` is a scripted HTTP broker on a free loopback port for the failure-timing tests
+(optionally behind TLS that requires a client certificate, recording each caller's CN);
+`Pki` makes the CAs and certificates for that; `TcpProxy` sits between the agent and the API
+server so a test can cut every connection; `RecordingTransport` records every request the
+agent sends, whether or not anything listens.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ipaddress
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -23,6 +28,10 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes.client.exceptions import ApiException
 
 from agent.app import Agent, Overrides
@@ -75,24 +84,37 @@ def problem_reply(status: int, kind: str, retry_after: str | None = None) -> Rep
 
 
 class FakeBroker:
-    """Answers `POST /v1/runtimes/{id}/token` with `script(n)` for the n-th request (1-based)."""
+    """Answers `POST /v1/runtimes/{id}/token` with `script(n)` for the n-th request (1-based).
 
-    def __init__(self, script: Callable[[int], Reply], port: int | None = None) -> None:
+    With `tls` it serves HTTPS; `peers` then holds the CN of the client certificate presented
+    on each request's connection (None without one)."""
+
+    def __init__(
+        self,
+        script: Callable[[int], Reply],
+        port: int | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.script = script
         self.port = port or free_port()
+        self.tls = tls
         self.requests: list[tuple[float, str, dict[str, str]]] = []
+        self.peers: list[str | None] = []
         self._server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def paths(self) -> list[str]:
         return [path for _, path, _ in self.requests]
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(
+            self._handle, "127.0.0.1", self.port, ssl=self.tls
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -109,6 +131,7 @@ class FakeBroker:
                 headers[name.strip().lower()] = value.strip()
             await reader.readexactly(int(headers.get("content-length", "0")))
             path = line.split()[1]
+            self.peers.append(_common_name(writer.get_extra_info("peercert")))
             self.requests.append((time.monotonic(), path, headers))
             reply = self.script(len(self.requests))
             body = json.dumps(reply.body).encode()
@@ -123,6 +146,187 @@ class FakeBroker:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
+
+
+def _common_name(peercert: Any) -> str | None:
+    for rdn in (peercert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
+# -- certificates ------------------------------------------------------------------------------
+
+
+@dataclass
+class Issued:
+    cert_pem: bytes
+    key_pem: bytes
+
+    def write(self, cert_file: Path, key_file: Path) -> None:
+        # The key first and the certificate last, as a rotation that is caught half-way would.
+        key_file.write_bytes(self.key_pem)
+        cert_file.write_bytes(self.cert_pem)
+
+
+class Pki:
+    """A small CA (EC P-256) issuing server and client certificates, for TLS tests only."""
+
+    def __init__(self, name: str) -> None:
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        now = datetime.now(UTC)
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+
+    @property
+    def cert_pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue(self, common_name: str, *, server: bool) -> Issued:
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.now(UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(hours=2))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                critical=False,
+            )
+        )
+        if server:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False,
+            )
+        cert = builder.sign(self.key, hashes.SHA256())
+        return Issued(
+            cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            ),
+        )
+
+
+def mtls_server_context(folder: Path, server_ca: Pki, client_ca: Pki) -> ssl.SSLContext:
+    """A server context that REQUIRES a client certificate signed by `client_ca`."""
+    server = server_ca.issue("broker.test", server=True)
+    cert_file, key_file, ca_file = folder / "srv.crt", folder / "srv.key", folder / "client-ca.crt"
+    server.write(cert_file, key_file)
+    ca_file.write_bytes(client_ca.cert_pem)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert_file), str(key_file))
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(cafile=str(ca_file))
+    return context
+
+
+# -- a cuttable TCP proxy ----------------------------------------------------------------------
+
+
+class TcpProxy:
+    """Forwards loopback TCP to `target` (TLS passes through untouched); `cut()` drops every
+    open connection at once, as a restarting API server or a broken network path would."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self._target = (target_host, target_port)
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._pipes: set[asyncio.Task[None]] = set()
+        self.accepted = 0
+        self.cuts = 0
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        pipes = [
+            asyncio.create_task(self._pipe(reader, up_writer)),
+            asyncio.create_task(self._pipe(up_reader, writer)),
+        ]
+        self._pipes.update(pipes)
+        await asyncio.gather(*pipes, return_exceptions=True)
+        self._pipes.difference_update(pipes)
+        for w in (writer, up_writer):
+            self._writers.discard(w)
+            w.close()
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    def cut(self) -> None:
+        self.cuts += 1
+        for writer in list(self._writers):
+            transport = writer.transport
+            transport.abort()  # RST: nothing graceful about it
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        if self._pipes:
+            await asyncio.gather(*list(self._pipes), return_exceptions=True)
 
 
 class RecordingTransport(httpx.AsyncBaseTransport):

@@ -165,3 +165,22 @@ def test_help_lists_settings() -> None:
     )
     assert "AGENT_BROKER_URL" in out.stdout
     assert "AGENT_MODULE_SIGNALS" in out.stdout
+
+
+async def test_healthz_fails_when_a_watch_task_is_gone(agent_env: AgentEnv) -> None:
+    broker = FakeBroker(token_reply)
+    await broker.start()
+    try:
+        agent = await agent_env.start(agent_env.settings(broker.url))
+        await eventually(agent.ready, what="the watches to sync")
+        base = f"http://127.0.0.1:{agent.health.port}"
+        async with httpx.AsyncClient(base_url=base, timeout=5) as http:
+            assert (await http.get("/healthz")).status_code == 200
+            # A watcher only ends by dying; the agent would be deaf to that kind from then on.
+            watch_task = next(t for t in asyncio.all_tasks() if t.get_name() == "watch-kyma")
+            watch_task.cancel()
+            await eventually(watch_task.done, what="the watch task to end")
+            assert (await http.get("/healthz")).status_code == 500
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()
