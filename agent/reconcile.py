@@ -189,8 +189,11 @@ class Reconciler:
             await self._cancel_pull()
             if self._background:
                 await asyncio.wait(self._background, timeout=5)
-                for task in self._background:
+                left = list(self._background)
+                for task in left:
                     task.cancel()
+                # Awaited, so no request is still half-open when the caller closes the client.
+                await asyncio.gather(*left, return_exceptions=True)
 
     async def turn(self) -> float:
         """One reconcile: returns how long to sleep unless something triggers earlier."""
@@ -279,11 +282,14 @@ class Reconciler:
                     self._about(kyma), EventReason.PULL_REFUSED, message, now=self._clock()
                 )
                 return
-            await self._write(result)
+            # Counted before writing: a token that cannot be stored (no RBAC, a webhook saying
+            # no) was still spent, and the next pull must wait out the spacing — otherwise a
+            # failing write would turn into a loop of tokens asked for and thrown away.
             self._refusal = None
             self._last_pull_at = self._clock()
             self._pull_streak += 1
-            self._metrics.last_success.set(self._last_pull_at.timestamp())
+            await self._write(result)
+            self._metrics.last_success.set(self._clock().timestamp())
             log.info(
                 "token written",
                 extra={

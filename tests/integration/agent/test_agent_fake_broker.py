@@ -7,7 +7,10 @@ import time
 from datetime import timedelta
 from itertools import pairwise
 
+import httpx
+
 from agent.app import Overrides
+from agent.kube.api import KubeConfig
 from agent.model import EXPIRES_AT_ANNOTATION, ISSUED_AT_ANNOTATION
 from tests.integration.agent.conftest import (
     AgentEnv,
@@ -269,6 +272,49 @@ async def test_disabling_the_module_cancels_a_pull_in_flight(agent_env: AgentEnv
         count = len(broker.requests)
         await _quiet(3.0)
         assert len(broker.requests) == count  # no token asked for once it is not needed
+    finally:
+        await agent_env.stop_all()
+        await broker.stop()
+
+
+class ForbidSecretWrites(httpx.AsyncBaseTransport):
+    """The agent's API server connection, except that writing a secret is forbidden (as with
+    missing RBAC or an admission webhook saying no)."""
+
+    def __init__(self, agent_env: AgentEnv) -> None:
+        config = KubeConfig.from_kubeconfig(agent_env.cluster.kubeconfig_path)
+        self.inner = httpx.AsyncHTTPTransport(verify=config.ssl_context)
+        self.refused = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method in ("POST", "PUT", "PATCH") and "/secrets" in request.url.path:
+            self.refused += 1
+            status = {"kind": "Status", "code": 403, "message": "forbidden by the test"}
+            return httpx.Response(403, json=status)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_token_that_cannot_be_stored_does_not_start_a_pull_loop(
+    agent_env: AgentEnv,
+) -> None:
+    broker = FakeBroker(token_reply)
+    await broker.start()
+    forbid = ForbidSecretWrites(agent_env)
+    try:
+        settings = agent_env.settings(broker.url, backoff_base=1.0, backoff_cap=60.0)
+        await agent_env.start(settings, Overrides(kube_transport=forbid, rng=Ceiling()))
+        agent_env.put_kyma(modules=["application-connector"])
+        await eventually(lambda: forbid.refused >= 1, what="a refused secret write")
+        await _quiet(8.0)
+        # Each token thrown away counts: the next waits 1 s, then 2 s, then 4 s... — about
+        # four requests in these 8 s, not one per loop turn.
+        assert 2 <= len(broker.requests) <= 5, len(broker.requests)
+        between = gaps([t for t, _, _ in broker.requests])
+        assert all(later > earlier * 1.5 for earlier, later in pairwise(between)), between
+        assert agent_env.secret() is None
     finally:
         await agent_env.stop_all()
         await broker.stop()
