@@ -4,8 +4,11 @@ Every answer becomes one typed outcome (`agent.outcomes`), translated here and n
 
     201 + token JSON                          → Issued
     401, 403, 404, 409 (and other 4xx)        → Refused(status, problem type)
-    429, 5xx, transport errors, garbage, no
-    identity proof available right now       → Temporary(retry_after from `Retry-After`)
+    408, 425, 429, 5xx, transport errors,
+    garbage, no identity proof right now      → Temporary(retry_after from `Retry-After`)
+
+(408 and 425 come from proxies and gateways in front of the broker and say "try again": taking
+them for a refusal would make the agent wait the slow refusal cadence for nothing.)
 
 `pull()` retries Temporary outcomes forever (tenacity, with `agent.retry.next_delay`: capped
 exponential backoff, full jitter, `Retry-After` honoured) and returns the first Issued or
@@ -38,6 +41,7 @@ Sleep = Callable[[float], Awaitable[None]]
 AttemptHook = Callable[[Outcome], None]
 
 PROBLEM_JSON = "application/problem+json"
+_TEMPORARY_4XX = frozenset({408, 425, 429})  # Request Timeout, Too Early, Too Many Requests
 DEFAULT_TOKEN_LIFETIME = timedelta(minutes=60)  # Compass's default for runtime tokens
 
 
@@ -107,7 +111,7 @@ def outcome_of(response: httpx.Response, *, now: datetime) -> Outcome:
             expires_at=_aware(body.expires_at) if body.expires_at else now + DEFAULT_TOKEN_LIFETIME,
             issued_at=now,
         )
-    if status == 429 or status >= 500:
+    if status in _TEMPORARY_4XX or status >= 500:
         problem = _problem(response)
         return Temporary(
             reason=problem.type if problem.type != "about:blank" else problem.title or str(status),

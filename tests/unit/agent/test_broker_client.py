@@ -97,6 +97,8 @@ async def test_permanent_statuses_are_refusals(status: int) -> None:
         ),
         (problem(429, "urn:slow-down", {"Retry-After": "3"}), Temporary("urn:slow-down", 429, 3.0)),
         (problem(500, "urn:oops"), Temporary("urn:oops", 500, None)),
+        (httpx.Response(408), Temporary("Request Timeout", 408, None)),  # from a gateway
+        (httpx.Response(425), Temporary("Too Early", 425, None)),
         (httpx.Response(201, content=b"not json"), Temporary("malformed token response", 201)),
         (httpx.Response(302), Temporary("unexpected status 302", 302)),
     ],
