@@ -48,7 +48,7 @@ def plot_outage(results: Sequence[OutageResult], path: Path) -> Path:
     fig, axes = plt.subplots(panels, 1, figsize=(9, 3.2 * panels), squeeze=False)
     for ax, r in zip(axes[:, 0], results, strict=True):
         xs, ys = stats.cumulative(r.connect_times, since=0.0)
-        end = max([*xs, r.up_at + r.bound]) * 1.05 + 1
+        end = max([*xs, r.up_at + r.bound, r.ended_at]) * 1.02 + 1
         ax.axvspan(r.down_at, r.up_at, color="tab:red", alpha=0.12, label="Director down")
         ax.step([0.0, *xs], [0, *ys], where="post", color="tab:blue", label="connected")
         cx, cy = capacity_line(r, end)

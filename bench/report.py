@@ -480,9 +480,8 @@ def findings(report: BenchReport) -> list[str]:
     ]
     for name, reg, tok in repeats:
         out.append(
-            f"{name}: {reg:.2f} `registerRuntime` and {tok:.2f} tokens per connected runtime, "
-            "more than one each: some calls were repeated (retries after a failed or abandoned "
-            "attempt)."
+            f"{name}: {reg:.2f} `registerRuntime` and {tok:.2f} tokens per connected runtime: "
+            "some of these calls were repeated (retries after a failed or abandoned attempt)."
         )
     for name, d, _k, _ in runs:
         other = {op: v for op, v in d.by_operation.items() if op not in (LOOKUP, REGISTER, TOKEN)}

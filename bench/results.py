@@ -69,6 +69,7 @@ class OutageResult:
     connect_times: list[float] = field(default_factory=list)
     down_at: float = 0.0
     up_at: float = 0.0
+    ended_at: float = 0.0  # when the fleet run ended (all connected or the deadline)
 
 
 @dataclass(frozen=True)

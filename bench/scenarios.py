@@ -301,6 +301,7 @@ class Bench:
             connect_times=sorted(t - down_at for t in connected),
             down_at=0.0,
             up_at=up_at - down_at,
+            ended_at=result.finished_at - down_at,
         )
 
     # -- 3. steady state ----------------------------------------------------------------
