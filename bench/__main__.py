@@ -15,6 +15,7 @@ import os
 import platform
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +41,7 @@ DEFAULT_SIZES = (100, 300, 1000)
 QUICK_SIZES = (20,)
 REPORT_NAME = "benchmarks.md"
 PLOT_NAME = "benchmarks-outage.png"
+MEASURED_PATHS = ("control_plane_broker", "agent", "devenv/compass_sim")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -176,6 +178,33 @@ def machine(load: tuple[float, float, float] | None = None) -> Machine:
     )
 
 
+def revision() -> str:
+    """The commit measured, and which measured parts differed from it when the run started
+    (each broker and agent process loads the working tree as it is when it starts)."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", *MEASURED_PATHS],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    changed = sorted({line[3:].split("/", 1)[0] for line in dirty if len(line) > 3})
+    suffix = f" with uncommitted changes in {', '.join(changed)}" if changed else ""
+    return f"commit {commit}{suffix}"
+
+
 def retry_policy_note() -> str | None:
     """Checks at run time that the imported retry policy obeys a server's Retry-After."""
     policy = RetryPolicy(jitter=Jitter.NONE)
@@ -243,6 +272,7 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Ben
         outage_seconds=config.outage_seconds,
         sizes=list(config.sizes),
         started=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        revision=revision(),
     )
     report.notes += report_mod.static_notes(config.sizes, broker_env)
     note = retry_policy_note()

@@ -231,6 +231,7 @@ def render(report: BenchReport) -> str:
         f"{', '.join(f'{x:.1f}' for x in m.load_after)} (the machine was shared with other "
         "work while this ran)",
         f"- command: `{report.command}`",
+        *([f"- code measured: {report.revision}"] if report.revision else []),
         f"- started {report.started}, took {report.duration_seconds / 60:.1f} min",
         f"- Director capacity C = {c} concurrent calls, latency L = {lat * 1000:.0f} ms per "
         f"call (Compass simulator), outage T = {report.outage_seconds:.0f} s; the broker's "

@@ -143,3 +143,4 @@ class BenchReport:
     plot_file: str | None = None
     started: str = ""
     duration_seconds: float = 0.0
+    revision: str = ""  # commit of the code measured, and which parts had uncommitted changes

@@ -271,8 +271,10 @@ def test_missing_scenarios_are_not_measured_rather_than_met() -> None:
 def test_render_has_machine_command_tables_ratios_and_findings() -> None:
     r = _report(recovery=2.0, lookups=2.0, p99=12.0, rss_mb=90)
     r.plot_file = "benchmarks-outage.png"
+    r.revision = "commit abc1234 with uncommitted changes in agent"
     r.notes = report.findings(r)
     text = report.render(r)
+    assert "- code measured: commit abc1234 with uncommitted changes in agent" in text
     assert "CPUs: 2" in text
     assert "Python 3.11.7" in text
     assert "`python -m bench`" in text
