@@ -376,9 +376,15 @@ class Bench:
                         return
                     headers = {"Authorization": f"Bearer {self.tokens[runtime_id]}"}
                     started = time.perf_counter()
-                    response = await http.post(f"/v1/runtimes/{runtime_id}/token", headers=headers)
+                    try:
+                        response = await http.post(
+                            f"/v1/runtimes/{runtime_id}/token", headers=headers
+                        )
+                        status = str(response.status_code)
+                    except httpx.TransportError:  # counted, as an agent would see it
+                        status = "transport error"
                     latencies.append(time.perf_counter() - started)
-                    statuses[str(response.status_code)] += 1
+                    statuses[status] += 1
 
             cpu_before = sample(run.broker.pid).cpu_seconds
             started = time.perf_counter()
