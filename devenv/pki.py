@@ -106,6 +106,7 @@ def new_ca(
             ),
             critical=True,
         )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
     return KeyPair(key=key, cert=cert)
@@ -137,6 +138,10 @@ def issue(
         .not_valid_after(now + _VALIDITY)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
+            critical=False,
+        )
     )
     if server_hosts:
         sans: list[x509.GeneralName] = []

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ipaddress
 import json
 import ssl
 import time
@@ -28,14 +27,11 @@ from typing import Any
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes.client.exceptions import ApiException
 
 from agent.app import Agent, Overrides
 from agent.settings import AgentSettings
+from devenv import pki
 from devenv.clusters import TestCluster, free_port
 
 # The broker's own harness (KCP seeding, Compass simulator, broker process), reused as is.
@@ -171,82 +167,23 @@ class Issued:
 
 
 class Pki:
-    """A small CA (EC P-256) issuing server and client certificates, for TLS tests only."""
+    """A small CA issuing server and client certificates, for TLS tests only."""
 
     def __init__(self, name: str) -> None:
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        now = datetime.now(UTC)
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False
-            )
-            .sign(self.key, hashes.SHA256())
-        )
+        self.ca = pki.new_ca(name)
 
     @property
     def cert_pem(self) -> bytes:
-        return self.cert.public_bytes(serialization.Encoding.PEM)
+        return self.ca.cert_pem
 
     def issue(self, common_name: str, *, server: bool) -> Issued:
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.now(UTC)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(hours=2))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
-                critical=False,
-            )
+        pair = pki.issue(
+            self.ca,
+            common_name=common_name,
+            server_hosts=("127.0.0.1",) if server else (),
+            client=not server,
         )
-        if server:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False,
-            )
-        cert = builder.sign(self.key, hashes.SHA256())
-        return Issued(
-            cert.public_bytes(serialization.Encoding.PEM),
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            ),
-        )
+        return Issued(pair.cert_pem, pair.key_pem)
 
 
 def mtls_server_context(folder: Path, server_ca: Pki, client_ca: Pki) -> ssl.SSLContext:
