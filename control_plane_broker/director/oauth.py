@@ -1,6 +1,8 @@
 """OAuth2 client credentials for Director: one access token per process, refreshed before expiry.
 
-Holds: concurrent callers share one fetch; the secret and the access token never reach a log.
+Holds: concurrent callers share one fetch, and its failure too (callers that waited for a fetch
+that failed do not each try again: in an outage that would be one call per waiter); the secret
+and the access token never reach a log.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class OAuthTokenSource:
         self._token: str | None = None
         self._refresh_at = 0.0
         self._lock = asyncio.Lock()
+        self._failed: DirectorRetryable | DirectorPermanent | None = None  # the last fetch's
+        self._fetched = 0  # fetches finished, so a waiter knows whether one ended while it waited
 
     def invalidate(self) -> None:
         self._token = None
@@ -43,10 +47,20 @@ class OAuthTokenSource:
     async def token(self) -> str:
         if self._token is not None and self._clock() < self._refresh_at:
             return self._token
+        arrived_after = self._fetched
         async with self._lock:
             if self._token is not None and self._clock() < self._refresh_at:
                 return self._token
-            self._token, self._refresh_at = await self._fetch()
+            if self._failed is not None and self._fetched > arrived_after:
+                raise type(self._failed)(str(self._failed))
+            try:
+                self._token, self._refresh_at = await self._fetch()
+                self._failed = None
+            except (DirectorRetryable, DirectorPermanent) as exc:
+                self._failed = exc
+                raise
+            finally:
+                self._fetched += 1
             return self._token
 
     async def _fetch(self) -> tuple[str, float]:

@@ -349,3 +349,28 @@ def test_queued_call_rules(breaker: cb.Breaker, probe: bool, leaves: bool, wait:
     policy = cb.BreakerPolicy(failure_threshold=3, open_seconds=30)
     assert cb.may_leave_queue(breaker, probe=probe) is leaves
     assert cb.seconds_until_probe(breaker, policy, now=110.0) == wait
+
+
+async def test_callers_waiting_for_a_failed_oauth_fetch_share_its_failure() -> None:
+    """In an outage, the callers queued behind one failing token fetch must not each call the
+    token endpoint again; a caller arriving after that failure does try again."""
+    calls = 0
+    answer = 503
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.05)
+        if answer != 200:
+            return httpx.Response(answer)
+        return httpx.Response(200, json={"access_token": "a", "expires_in": 300})
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    source = OAuthTokenSource(http, CREDS, scope="s", clock=Clock())
+    results = await asyncio.gather(*(source.token() for _ in range(8)), return_exceptions=True)
+    assert all(isinstance(r, DirectorRetryable) for r in results)
+    assert calls == 1
+    answer = 200
+    assert await source.token() == "a"
+    assert calls == 2
+    await http.aclose()
