@@ -56,8 +56,8 @@ class OutageResult:
     first_connect_after_return: float | None
     bound: float
     calls_during_outage: int  # to Compass while it was down: Director and OAuth token endpoint
-    calls_first_window: int  # in the 5 s from the first call of the outage (the breaker opening)
-    max_calls_per_window_after: int  # most calls in any 5 s window after the first one
+    calls_first_window: int  # the opening burst: calls before the first 5 s without any
+    max_calls_per_window_after: int  # most calls in any 5 s window after that burst (probes)
     director_after_return: DirectorCounts
     integrity: Integrity
     attempts: dict[str, int]

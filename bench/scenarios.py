@@ -270,9 +270,9 @@ class Bench:
             director_after = await self._director_counts(run, after)
             integrity = await self._integrity(run)
         connected = list(result.connected_at.values())
-        # The breaker needs a few failures to open: the first window starts at the first call
-        # that reached Compass, and probes are what comes after it.
-        first_window_end = (min(during) if during else down_at) + PROBE_WINDOW
+        # The breaker needs a few failures to open; on a busy broker they can take more than
+        # 5 s. The opening burst ends at the first 5 s of silence, probes are what follows.
+        opening, probes = stats.split_at_first_gap(during, PROBE_WINDOW)
         return OutageResult(
             n=n,
             capacity=cfg.capacity,
@@ -289,10 +289,8 @@ class Bench:
             bound=stats.capacity_bound(n, latency=cfg.latency, capacity=cfg.capacity),
             calls_during_outage=len(during),
             oauth_calls_during_outage=oauth_during,
-            calls_first_window=sum(1 for t in during if t < first_window_end),
-            max_calls_per_window_after=stats.max_in_sliding_window(
-                [t for t in during if t >= first_window_end], PROBE_WINDOW
-            ),
+            calls_first_window=len(opening),
+            max_calls_per_window_after=stats.max_in_sliding_window(probes, PROBE_WINDOW),
             director_after_return=director_after,
             integrity=integrity,
             attempts=dict(result.attempts),

@@ -76,6 +76,19 @@ def max_in_sliding_window(times: Iterable[float], width: float) -> int:
     return best
 
 
+def split_at_first_gap(times: Iterable[float], gap: float) -> tuple[list[float], list[float]]:
+    """Splits sorted event times at the first pause of at least `gap` seconds: (burst, rest).
+
+    While Director is down, the calls before the first such pause are the breaker opening
+    (the threshold failures plus calls already in flight); what follows are probes.
+    """
+    ordered = sorted(times)
+    for i in range(1, len(ordered)):
+        if ordered[i] - ordered[i - 1] >= gap:
+            return ordered[:i], ordered[i:]
+    return ordered, []
+
+
 def duplicate_registrations(runtime_ids: Iterable[str]) -> int:
     """Director registrations beyond the first for the same Kyma runtime ID."""
     counts = Counter(runtime_ids)

@@ -309,7 +309,7 @@ def test_the_reduction_note_says_why_from_the_figures() -> None:
 
 def test_findings_explain_a_leaky_breaker_and_costs_that_grow_with_concurrency() -> None:
     r = _report(recovery=2.0, lookups=2.0, p99=12.0, rss_mb=90)
-    assert not any("asks the breaker before" in n for n in report.findings(r))
+    assert not any("came within 5 s" in n for n in report.findings(r))
     r.outage[0] = OutageResult(**{**r.outage[0].__dict__, "max_calls_per_window_after": 100})
     assert r.steady is not None
     r.steady = SteadyResult(
@@ -321,7 +321,15 @@ def test_findings_explain_a_leaky_breaker_and_costs_that_grow_with_concurrency()
         }
     )
     notes = report.findings(r)
-    assert any("up to 100 in 5 s" in n and "asks the breaker before" in n for n in notes)
+    assert any("up to 100 came within 5 s" in n for n in notes)
     assert any("50 of 300 requests of registered runtimes got 503" in n for n in notes)
     # 1.0 CPU s / 300 tokens = 3.3 ms at 200 callers vs 0.1 / 50 = 2 ms alone: 1.67x
     assert any("3.3 ms with 200" in n for n in notes)
+
+
+def test_the_opening_burst_ends_at_the_first_pause() -> None:
+    burst, rest = stats.split_at_first_gap([0.0, 0.5, 3.0, 7.9, 40.0, 70.1], 5.0)
+    assert burst == [0.0, 0.5, 3.0, 7.9]
+    assert rest == [40.0, 70.1]
+    assert stats.split_at_first_gap([1.0, 2.0], 5.0) == ([1.0, 2.0], [])
+    assert stats.split_at_first_gap([], 5.0) == ([], [])
