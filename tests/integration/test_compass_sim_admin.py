@@ -38,12 +38,6 @@ def sim() -> Iterator[CompassSimulator]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=10) as client:
-        yield client
-
-
 @pytest.fixture(autouse=True)
 def _fresh(sim: CompassSimulator) -> None:
     sim.reset()

@@ -36,11 +36,6 @@ OTT_TTL = 1800
 
 
 @pytest.fixture(scope="module")
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture(scope="module")
 def sim(clock: ManualClock) -> Iterator[CompassSimulator]:
     config = SimConfig(
         client_id="id",
@@ -50,12 +45,6 @@ def sim(clock: ManualClock) -> Iterator[CompassSimulator]:
     )
     with CompassSimulator(config, clock=clock).running() as simulator:
         yield simulator
-
-
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=10) as client:
-        yield client
 
 
 @pytest.fixture(autouse=True)

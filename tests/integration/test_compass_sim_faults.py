@@ -40,22 +40,11 @@ CLIENT_ID, CLIENT_SECRET = "fault-client", "fault-secret"
 
 
 @pytest.fixture(scope="module")
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture(scope="module")
 def sim(clock: ManualClock) -> Iterator[CompassSimulator]:
     config = SimConfig(client_id=CLIENT_ID, client_secret=CLIENT_SECRET)
     simulator = CompassSimulator(config, clock=clock, rng=random.Random(20240704))
     with simulator.running():
         yield simulator
-
-
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=10) as client:
-        yield client
 
 
 @pytest.fixture(autouse=True)

@@ -25,23 +25,12 @@ TTL = 600
 
 
 @pytest.fixture(scope="module")
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture(scope="module")
 def sim(clock: ManualClock) -> Iterator[CompassSimulator]:
     config = SimConfig(
         client_id=CLIENT_ID, client_secret=CLIENT_SECRET, access_token_ttl_seconds=TTL
     )
     with CompassSimulator(config, clock=clock).running() as simulator:
         yield simulator
-
-
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=10) as client:
-        yield client
 
 
 @pytest.fixture(autouse=True)
