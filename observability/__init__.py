@@ -1,0 +1,1 @@
+"""Process plumbing shared by every component: `observability.logs` (JSON lines, redacted)."""
