@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from control_plane_broker import logs
-from control_plane_broker.kube.config import KubeconfigError, load_kcp_access
 from control_plane_broker.settings import Settings
+from kubeapi import ClusterAccess, KubeconfigError, load_access
 
 
 def _settings_help() -> str:
@@ -20,7 +23,7 @@ def _settings_help() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="compass-broker",
         description="Control-plane token broker: verifies a Kyma runtime's identity, registers "
@@ -29,20 +32,41 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--check-config", action="store_true", help="validate settings and exit")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def load(argv: list[str] | None) -> tuple[Settings, ClusterAccess] | int:
+    """Settings and KCP access, or the exit code when they cannot be had."""
+    args = parse_args(argv)
     settings = Settings()
     logs.setup(settings.log_level)
     try:
-        kcp_access = load_kcp_access()
+        kcp_access = load_access(os.environ.get("KUBECONFIG") or None)
     except (KubeconfigError, OSError) as exc:
         print(f"compass-broker: cannot reach KCP: {exc}", file=sys.stderr)
         return 2
-    if args.check_config:
-        return 0
+    return 0 if args.check_config else (settings, kcp_access)
+
+
+def main(argv: list[str] | None = None) -> int:
+    loaded = load(argv)
+    if isinstance(loaded, int):
+        return loaded
     from control_plane_broker.wiring import run  # noqa: PLC0415 (heavy; only when serving)
 
-    asyncio.run(run(settings, kcp_access=kcp_access))
+    settings, kcp_access = loaded
+    serve(run(settings, kcp_access=kcp_access))
     return 0
+
+
+def serve(main_task: Coroutine[Any, Any, None]) -> None:
+    """Runs the broker on uvloop where it is installed (it is, with uvicorn[standard])."""
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:
+        asyncio.run(main_task)
+    else:
+        uvloop.run(main_task)
 
 
 if __name__ == "__main__":

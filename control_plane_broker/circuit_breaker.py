@@ -56,6 +56,13 @@ def admit(breaker: Breaker, policy: BreakerPolicy, now: float) -> tuple[Breaker,
     return replace(breaker, probe_in_flight=True), Admission(allowed=True)
 
 
+def would_refuse(breaker: Breaker, policy: BreakerPolicy, now: float) -> bool:
+    """Would `admit` refuse a call now? A question only: nothing changes, no probe is taken."""
+    if breaker.state is State.OPEN:
+        return breaker.opened_at + policy.open_seconds - now > 0
+    return breaker.state is State.HALF_OPEN and breaker.probe_in_flight
+
+
 def may_leave_queue(breaker: Breaker, *, probe: bool) -> bool:
     """May a call admitted earlier go out now that it has a concurrency slot?
 

@@ -3,9 +3,12 @@
     BrokerError
     ├── TemporaryError              (retry_after: seconds or None; the caller may try again)
     │   ├── CompassUnavailable      503  Director/OAuth failing, breaker open, or limit reached
+    │   ├── TurnBooked              503  Director's capacity is booked: come back at your turn
     │   ├── RegistrationBusy        503  another replica holds the registration claim
     │   ├── NotReady                503  the Kyma cache has not synced yet
     │   ├── ControlPlaneUnavailable 503  the KCP API server could not be reached
+    │   ├── RuntimeKubeconfigInvalid 503 the runtime's kubeconfig Secret in KCP breaks our rules
+    │   ├── InternalError           503  a bug in the broker (logged); never a bare 500
     │   └── RateLimited             429  too many token issues for one runtime
     └── PermanentError              (the same request will fail the same way)
         ├── MalformedRequest        400  runtime ID or headers fail validation
@@ -35,6 +38,10 @@ class BrokerError(Exception):
 
 
 class TemporaryError(BrokerError):
+    # Whether Retry-After gets random extra seconds: yes for refusals a herd receives at once,
+    # no where the broker has already spread the herd (a booked turn).
+    spread: ClassVar[bool] = True
+
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
@@ -48,6 +55,13 @@ class CompassUnavailable(TemporaryError):
     slug = "compass-unavailable"
     status = 503
     title = "Compass is unavailable"
+
+
+class TurnBooked(TemporaryError):
+    slug = "capacity-booked"
+    status = 503
+    title = "Compass capacity is booked; come back at the time in Retry-After"
+    spread = False
 
 
 class RegistrationBusy(TemporaryError):
@@ -66,6 +80,21 @@ class ControlPlaneUnavailable(TemporaryError):
     slug = "control-plane-unavailable"
     status = 503
     title = "The control plane API server is unavailable"
+
+
+class RuntimeKubeconfigInvalid(TemporaryError):
+    """Not the caller's fault and not fixed by asking again soon: an operator must repair the
+    Secret (the Event on the Kyma says what is wrong). 503, so agents keep coming back slowly."""
+
+    slug = "runtime-kubeconfig-invalid"
+    status = 503
+    title = "The runtime's kubeconfig Secret in the control plane is unusable"
+
+
+class InternalError(TemporaryError):
+    slug = "internal-error"
+    status = 503
+    title = "The broker failed unexpectedly; try again later"
 
 
 class RateLimited(TemporaryError):

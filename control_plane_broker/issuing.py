@@ -1,8 +1,15 @@
-"""The token request use case: validate → find the Kyma → prove identity → policy → issue.
+"""The token request use case, cheapest refusals first:
 
-Holds: nothing reaches Director unless the runtime ID is valid, the Kyma is in the cache, the
-caller proved to be this runtime and policy allows it; per runtime, concurrent requests share one
-registration and one token request (single-flight), and issued tokens are rate-limited.
+validate the runtime ID → the Kyma cache is synced → prove the identity → policy on the cached
+Kyma → per-runtime rate limit → circuit breaker → a booked turn at Director's capacity →
+register (only a runtime not registered yet) → request the token.
+
+Holds: nothing reaches Director unless the runtime ID is valid, the caller proved to be this
+runtime, the Kyma allows it and Director's capacity has room for the request within the queue
+timeout (otherwise the caller is told when to come back); an unknown runtime and a bad proof
+look the same to a caller that cannot prove who it is (both 401); concurrent requests of one
+runtime share one registration, but every caller gets its own one-time token; a runtime whose
+mapping is being deleted gets none; issued tokens are rate-limited per runtime.
 """
 
 from __future__ import annotations
@@ -10,31 +17,34 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from control_plane_broker.director.client import DirectorClient
+from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.errors import (
     CompassRejected,
     CompassUnavailable,
     NotReady,
     RateLimited,
-    RuntimeNotFound,
 )
 from control_plane_broker.identity.verifier import Verifier
-from control_plane_broker.kube.client import KubeError
-from control_plane_broker.kube.events import EventRecorder
-from control_plane_broker.kube.kyma_cache import KymaCache
-from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.model import KymaView
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import RateLimiter
-from control_plane_broker.registration import state
-from control_plane_broker.registration.service import RegistrationService
+from control_plane_broker.registration.service import Registered, RegistrationService
 from control_plane_broker.settings import Settings
-from control_plane_broker.singleflight import SingleFlight
 from control_plane_broker.status import StatusRecorder
 
 log = logging.getLogger(__name__)
+
+
+class KymaReader(Protocol):
+    """What the request path needs of the Kyma cache (watch-fed; no API call per request)."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    def get(self, name: str) -> KymaView | None: ...
 
 
 @dataclass(frozen=True)
@@ -54,86 +64,62 @@ class TokenIssuer:
         self,
         *,
         settings: Settings,
-        cache: KymaCache,
+        cache: KymaReader,
         verifier: Verifier,
         registration: RegistrationService,
         director: DirectorClient,
-        repo: MappingRepository,
-        events: EventRecorder,
+        guard: DirectorGuard,
+        status: StatusRecorder,
         limiter: RateLimiter,
         clock: Callable[[], float],
-        wall: Callable[[], float],
     ) -> None:
         self._settings = settings
         self._cache = cache
         self._verifier = verifier
         self._registration = registration
         self._director = director
-        self._repo = repo
-        self._events = events
+        self._guard = guard
+        self._status = status
         self._limiter = limiter
         self._clock = clock  # monotonic: rate limits
-        self._wall = wall  # wall time: timestamps written on the mapping
-        self._flights: SingleFlight[IssuedToken] = SingleFlight()
-        self._status = StatusRecorder(repo=repo, events=events, clock=wall)
 
     async def issue(self, runtime_id: str, headers: Mapping[str, str]) -> IssuedToken:
         kyma_name = validate_runtime_id(runtime_id)
         if not self._cache.synced:
             raise NotReady("the Kyma cache has not synced yet", retry_after=2)
-        kyma = self._cache.get(kyma_name)
-        if kyma is None:  # nothing to prove an identity against
-            raise RuntimeNotFound("no Kyma for this runtime")
-        await self._verifier.verify(kyma=kyma, runtime_id=runtime_id, headers=headers)
+        # Identity before existence: who cannot prove to be this runtime learns nothing about it.
+        await self._verifier.verify(runtime_id=runtime_id, headers=headers)
         kyma = check_token_allowed(
             self._cache.get(kyma_name),
             module=self._settings.module_name,
             module_required=self._settings.module_policy == "required",
         )
-        return await self._flights.do(kyma.name, lambda: self._issue(kyma))
-
-    async def _issue(self, kyma: KymaView) -> IssuedToken:
-        # Only issued tokens count: attempts that fail (Compass down) must not lock a runtime out.
         wait = self._limiter.check(kyma.name, self._clock())
         if wait is not None:
             raise RateLimited("token issue rate exceeded for this runtime", retry_after=wait)
-        try:
-            registered = await self._registration.ensure_registered(kyma)
-        except (CompassUnavailable, CompassRejected) as exc:
-            await self._status.failed(
-                kyma_name=kyma.name,
-                kyma_uid=kyma.uid,
-                condition="Registered",
-                event_reason="RegistrationFailed",
-                exc=exc,
-            )
-            raise
-        if registered.outcome == "registered":
-            await self._events.record(
-                kyma_name=kyma.name,
-                kyma_uid=kyma.uid,
-                reason="RuntimeRegistered",
-                message=f"registered in Compass as runtime {registered.compass_id}",
-            )
+        self._guard.refuse_if_open()
+        known = self._registration.known(kyma)
+        self._guard.book(kyma.name, calls=1 if known else 2)
+        registered = known or await self._register(kyma)
         try:
             ott = await self._director.request_one_time_token(
-                tenant=registered.tenant, runtime_id=registered.compass_id
+                tenant=registered.tenant,
+                runtime_id=registered.compass_id,
+                follow_up=known is None,
             )
         except (CompassUnavailable, CompassRejected) as exc:
             await self._status.failed(
-                kyma_name=kyma.name,
-                kyma_uid=kyma.uid,
+                kyma=kyma,
                 condition="TokenIssued",
                 event_reason="TokenRequestFailed",
                 exc=exc,
+                director_labels=registered.labels,
             )
             raise
+        # Only issued tokens count: attempts that fail (Compass down) must not lock a runtime out.
         self._limiter.try_take(kyma.name, self._clock())
-        log.info(
-            "token issued",
-            extra={"kyma": kyma.name, "compass_id": registered.compass_id},
-        )
-        await self._note_issued(kyma, registered.compass_id)
+        log.info("token issued", extra={"kyma": kyma.name, "compass_id": registered.compass_id})
+        await self._status.issued(kyma=kyma, registered=registered)
         return IssuedToken(
             token=ott.token,
             connector_url=ott.connector_url,
@@ -142,44 +128,11 @@ class TokenIssuer:
             expires_at=ott.expires_at,
         )
 
-    async def _note_issued(self, kyma: KymaView, compass_id: str) -> None:
-        """Best effort: status and Event; failing to write them must not withhold the token."""
-        now = self._wall()
+    async def _register(self, kyma: KymaView) -> Registered:
         try:
-            mapping = await self._repo.get(kyma.name)
-            conditions = list(
-                ((mapping.raw if mapping else {}).get("status") or {}).get("conditions") or []
+            return await self._registration.ensure_registered(kyma)
+        except (CompassUnavailable, CompassRejected) as exc:
+            await self._status.failed(
+                kyma=kyma, condition="Registered", event_reason="RegistrationFailed", exc=exc
             )
-            for type_, reason, message in (
-                ("Registered", "RuntimeRegistered", f"Compass runtime {compass_id}"),
-                ("TokenIssued", "TokenIssued", "a one-time token was handed to the runtime agent"),
-            ):
-                conditions = state.set_condition(
-                    conditions,
-                    type_=type_,
-                    status=True,
-                    reason=reason,
-                    message=message,
-                    now=now,
-                    observed_generation=state.generation_of(mapping),
-                )
-            await self._repo.patch_status(
-                kyma.name,
-                {
-                    "registered": True,
-                    "configured": True,
-                    "state": "Ready",
-                    "lastTokenIssuedAt": state.to_rfc3339(now),
-                    "conditions": conditions,
-                },
-            )
-        except KubeError as exc:
-            log.warning(
-                "could not update mapping status", extra={"kyma": kyma.name, "error": str(exc)}
-            )
-        await self._events.record(
-            kyma_name=kyma.name,
-            kyma_uid=kyma.uid,
-            reason="TokenIssued",
-            message="one-time token issued to the runtime agent",
-        )
+            raise

@@ -43,9 +43,24 @@ class Metrics:
             "broker_kyma_cache_synced", "1 once the Kyma cache has synced.", registry=r
         )
         self.leader = Gauge("broker_leader", "1 while this replica is the leader.", registry=r)
+        self.task_restarts = Counter(
+            "broker_task_restarts_total",
+            "Background tasks restarted after they failed, by task.",
+            ["task"],
+            registry=r,
+        )
+        self.kube_requests = Counter(
+            "broker_kube_requests_total",
+            "Requests to the KCP API server, by verb (watch streams count once).",
+            ["verb"],
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "broker_token_request_seconds", "Duration of token requests.", registry=r
         )
+
+    def on_kube_request(self, verb: str, _status: int | None) -> None:
+        self.kube_requests.labels(verb).inc()
 
     def on_breaker_state(self, state: str) -> None:
         self.breaker_state.set(0 if state == "closed" else 1)

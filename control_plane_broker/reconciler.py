@@ -1,7 +1,9 @@
 """The leader's reconciler: unregisters runtimes whose Kyma is gone, syncs Director labels.
 
-Level-based: a watch event or the periodic sweep only queues a Kyma name; reconciling re-reads
-the mapping and the cached Kyma and acts on what it sees (`plan` is pure). Holds:
+Level-based: a watch event (Kyma or mapping) or the periodic sweep only queues a Kyma name;
+reconciling plans on the watch-fed views (`plan` is pure) and, before it acts, re-reads the
+mapping from the API server and plans again, so nothing is unregistered on a stale view. Several
+workers share the queue; one name is never reconciled by two workers at once. Holds:
 - a mapping is removed only after its runtime is unregistered (not found counts as done), so a
   runtime is never orphaned by the broker; the finalizer `kyma-project.io/cm-protection` keeps
   anyone else from removing the mapping first;
@@ -18,17 +20,18 @@ from dataclasses import dataclass
 
 from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.errors import BrokerError, KymaIncomplete
-from control_plane_broker.kube.client import Conflict, KubeError
-from control_plane_broker.kube.events import EventRecorder
-from control_plane_broker.kube.kyma_cache import KymaCache
+from control_plane_broker.kube.events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.model import KymaView
+from control_plane_broker.model import LABEL_SHOOT, KymaView
 from control_plane_broker.policy import module_enabled
 from control_plane_broker.registration import naming, state
+from control_plane_broker.registration.service import MappingReader
 from control_plane_broker.registration.state import Mapping
+from control_plane_broker.retry import backoff
 from control_plane_broker.settings import Settings
 from control_plane_broker.status import StatusRecorder
+from kubeapi import Conflict, Informer, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -82,25 +85,25 @@ def plan(
     return Nothing()
 
 
-def backoff(failures: int, *, base: float = 1.0, cap: float = 300.0) -> float:
-    return float(min(cap, base * 2 ** max(0, failures - 1)))
-
-
 class Reconciler:
     def __init__(
         self,
         *,
         settings: Settings,
-        cache: KymaCache,
+        cache: Informer[KymaView],
+        mappings: Informer[Mapping],
         repo: MappingRepository,
         director: DirectorClient,
-        events: EventRecorder,
+        events: KymaEvents,
+        status: StatusRecorder,
         metrics: Metrics,
         leading: Callable[[], bool],
         clock: Callable[[], float],
     ) -> None:
         self._s = settings
         self._cache = cache
+        self._mappings: MappingReader = mappings
+        self._mapping_view = mappings
         self._repo = repo
         self._director = director
         self._events = events
@@ -110,8 +113,11 @@ class Reconciler:
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._failures: dict[str, int] = {}
-        self._status = StatusRecorder(repo=repo, events=events, clock=clock)
+        self._busy: set[str] = set()  # being reconciled by a worker
+        self._dirty: set[str] = set()  # changed while busy: reconcile again after
+        self._status = status
         cache.add_listener(self.enqueue)
+        mappings.add_listener(self.enqueue)
 
     def enqueue(self, name: str) -> None:
         if name not in self._queued:
@@ -144,26 +150,56 @@ class Reconciler:
         while True:
             name = await self._queue.get()
             self._queued.discard(name)
-            if not self._leading() or not self._cache.synced:
+            if not self._leading() or not self._cache.synced or not self._mapping_view.synced:
                 continue  # the leader's first sweep covers whatever is skipped here
+            if name in self._busy:
+                self._dirty.add(name)
+                continue
+            self._busy.add(name)
             try:
-                await self.reconcile(name)
-                self._failures.pop(name, None)
-            except (BrokerError, KubeError) as exc:
-                count = self._failures.get(name, 0) + 1
-                self._failures[name] = count
-                delay = backoff(count)
-                log.warning(
-                    "reconcile failed, retrying",
-                    extra={"kyma": name, "error": str(exc), "retry_in": delay},
-                )
-                self._enqueue_later(name, delay)
+                await self._reconcile_once(name)
+            finally:
+                self._busy.discard(name)
+                if name in self._dirty:
+                    self._dirty.discard(name)
+                    self.enqueue(name)
+
+    async def _reconcile_once(self, name: str) -> None:
+        try:
+            await self.reconcile(name)
+            self._failures.pop(name, None)
+        except Exception as exc:
+            # Expected failures (Director, KCP) and bugs alike: this name is retried with
+            # backoff, the worker goes on with the others.
+            count = self._failures.get(name, 0) + 1
+            self._failures[name] = count
+            delay = backoff(count)
+            expected = isinstance(exc, BrokerError | KubeError)
+            log.log(
+                logging.WARNING if expected else logging.ERROR,
+                "reconcile failed, retrying",
+                extra={
+                    "kyma": name,
+                    "error": str(exc) if expected else type(exc).__name__,
+                    "retry_in": delay,
+                },
+                exc_info=not expected,
+            )
+            self._enqueue_later(name, delay)
 
     async def reconcile(self, name: str) -> None:
-        mapping = await self._repo.get(name)
+        viewed = self._mappings.get(name)
+        if viewed is None or isinstance(self._plan(viewed), Nothing):
+            return  # the common case, decided on the watch-fed view without a request
+        mapping = await self._repo.get(name)  # acting: on the current object only
         if mapping is None:
             return
         kyma = self._cache.get(name)
+        action = self._plan(mapping)
+        await self._act(action, mapping, kyma)
+
+    def _plan(self, mapping: Mapping) -> Action:
+        kyma = self._cache.get(mapping.name)
         desired = (
             naming.director_labels(
                 kyma,
@@ -173,7 +209,7 @@ class Reconciler:
             if kyma is not None
             else None
         )
-        action = plan(
+        return plan(
             mapping,
             kyma,
             now=self._clock(),
@@ -182,6 +218,9 @@ class Reconciler:
             disabled_policy=self._s.module_disabled_policy,
             desired_labels=desired,
         )
+
+    async def _act(self, action: Action, mapping: Mapping, kyma: KymaView | None) -> None:
+        name = mapping.name
         match action:
             case Requeue(after=after):
                 self._enqueue_later(name, after)
@@ -227,8 +266,8 @@ class Reconciler:
         """The failure lands on the mapping as a condition (written only when it changed) and,
         when new, as a Warning Event; the finalizer stays, so the mapping survives until done."""
         await self._status.failed(
-            kyma_name=mapping.name,
-            kyma_uid=kyma.uid if kyma else "",
+            kyma=kyma,
+            name=mapping.name,
             condition=condition,
             event_reason=event_reason,
             exc=exc,
@@ -240,12 +279,20 @@ class Reconciler:
         tenant = mapping.tenant or (kyma.tenant if kyma else None)
         ids = [mapping.compass_id] if mapping.compass_id else []
         if not ids and tenant:
-            # Never recorded: a crashed registration may still have created it. Find it by label.
-            runtime_id = kyma.runtime_id if kyma else mapping.name
+            # Never recorded: a crashed registration (ours, or compass-manager's) may still have
+            # created it. Find it the way registration would have: by the runtime ID as written
+            # on the Kyma (kept on the mapping, so it is known after the Kyma is gone), then by
+            # compass-manager's gardenerClusterName.
+            runtime_id = mapping.runtime_id or (kyma.runtime_id if kyma else mapping.name)
             found = await self._director.runtimes_by_label(
                 tenant=tenant, key=self._s.runtime_id_label, value=runtime_id
             )
-            ids = [r.id for r in found]
+            shoot = mapping.shoot or (kyma.labels.get(LABEL_SHOOT) if kyma else None)
+            if not found and shoot:
+                found = await self._director.runtimes_by_label(
+                    tenant=tenant, key="gardenerClusterName", value=shoot
+                )
+            ids = sorted({r.id for r in found})
         if ids and not tenant:
             # Retried with backoff and shown on the mapping: a person has to add the label.
             raise KymaIncomplete("the mapping has no global account label to unregister with")
@@ -309,6 +356,8 @@ class Reconciler:
             observed_generation=state.generation_of(mapping),
         )
         await self._repo.patch_status(
-            mapping.name, {"directorLabels": desired, "conditions": conditions}
+            mapping.name,
+            {"directorLabels": desired, "conditions": conditions},
+            resource_version=mapping.resource_version,
         )
         log.info("director labels synced", extra={"kyma": mapping.name, "keys": sorted(changes)})

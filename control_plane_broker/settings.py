@@ -40,7 +40,11 @@ class Settings(BaseSettings):
         default=8, description="Global limit of Director calls in flight per replica."
     )
     director_queue_timeout_seconds: float = Field(
-        default=5.0, description="How long a request waits for a Director slot before 503."
+        default=10.0,
+        description="Longest estimated wait for Director capacity a request is admitted with; "
+        "beyond it the request is answered 503 with Retry-After = its booked turn. Keep it "
+        "well below the agent's timeout (30 s): a request may wait up to twice this long.",
+        gt=0,
     )
     director_scope: str = Field(
         default="runtime:read runtime:write", description="OAuth scope requested."
@@ -82,6 +86,12 @@ class Settings(BaseSettings):
     runtime_access_cache_seconds: float = Field(
         default=300.0, description="How long a runtime kubeconfig read from KCP is reused."
     )
+    runtime_kubeconfig_secret_pattern: str = Field(
+        default="kubeconfig-{runtime_id}",
+        description="Name of a runtime's kubeconfig Secret in the KCP namespace; `{runtime_id}` "
+        "is the lower-cased runtime ID. Found by this exact name only.",
+        pattern=r"^[a-z0-9.-]*\{runtime_id\}[a-z0-9.-]*$",
+    )
 
     # --- policy ------------------------------------------------------------------------------
     module_name: str = Field(default="application-connector", description="Module that must be on.")
@@ -116,6 +126,12 @@ class Settings(BaseSettings):
     kcp_namespace: str = Field(
         default="kcp-system", description="Namespace of Kyma CRs and mappings."
     )
+    cache_stale_seconds: float = Field(
+        default=600.0,
+        description="Readiness fails when the Kyma or mapping watch has not heard from the API "
+        "server (event, bookmark or list) for this long.",
+        gt=0,
+    )
     sweep_interval_seconds: float = Field(
         default=300.0, description="Period of the reconciler's full sweep over mappings."
     )
@@ -132,11 +148,6 @@ class Settings(BaseSettings):
     host: str = Field(default="0.0.0.0", description="Listen address.")  # noqa: S104 (a server)
     port: int = Field(default=8080, description="Listen port (0 = any free port, logged).")
     log_level: str = Field(default="INFO", description="Log level.")
-    test_crash_point: Literal["", "after-register"] = Field(
-        default="",
-        description="TEST ONLY: `after-register` exits the process right after Director "
-        "registered a runtime and before the mapping records it.",
-    )
 
     def allowed_service_account_set(self) -> frozenset[tuple[str, str]]:
         out: set[tuple[str, str]] = set()

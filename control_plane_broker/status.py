@@ -1,11 +1,15 @@
-"""Failure conditions on the mapping and the Warning Events that go with them.
+"""What the broker writes on the mapping's status, and the Events that go with it.
 
 What always holds:
+- the status is written only when it would change (read from the watch-fed mapping view), with
+  the resourceVersion it was computed from, so two replicas never overwrite each other's
+  conditions (a conflict re-reads and recomputes once; the next change writes again anyway);
+- `lastTokenIssuedAt` is refreshed at most every `TOKEN_TIMESTAMP_REFRESH` seconds: a timestamp
+  per token would cost one KCP write per token, the count is in the aggregated Event;
 - a failure sets one condition (`Registered`, `TokenIssued`, `Unregistered`, `LabelsSynced`) to
   `False` with a CamelCase reason from the error's problem type, `observedGeneration` of the
-  mapping, and `lastTransitionTime` moved only when the status flips (cert-manager style);
-- the mapping is written only when the condition differs from what it holds, and a Warning Event
-  is emitted only when the status or the reason is new: a failure that repeats writes nothing;
+  mapping, and `lastTransitionTime` moved only when the status flips (cert-manager style); a
+  Warning Event is emitted only when the status or the reason is new;
 - best effort: a status or Event that cannot be written never changes the caller's outcome;
 - messages come from the broker's own error texts, which never hold a token.
 """
@@ -14,17 +18,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from control_plane_broker.errors import BrokerError, TemporaryError
-from control_plane_broker.kube.client import KubeError
-from control_plane_broker.kube.events import EventRecorder
+from control_plane_broker.kube.events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
+from control_plane_broker.model import KymaView
 from control_plane_broker.registration import state
+from control_plane_broker.registration.service import MappingReader, Registered
 from control_plane_broker.registration.state import Mapping
+from kubeapi import Conflict, KubeError
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 300
+TOKEN_TIMESTAMP_REFRESH = 600.0
 
 
 def failure_text(exc: BaseException) -> tuple[str, str]:
@@ -41,57 +49,180 @@ def failure_text(exc: BaseException) -> tuple[str, str]:
     return "Failed", type(exc).__name__
 
 
+def issued_status(mapping: Mapping, *, registered: Registered, now: float) -> dict[str, Any] | None:
+    """The status after a token was issued, or None when what is there already says so."""
+    before = dict(mapping.raw.get("status") or {})
+    conditions = state.conditions_of(mapping)
+    for type_, reason, message in (
+        ("Registered", "RuntimeRegistered", f"Compass runtime {registered.compass_id}"),
+        ("TokenIssued", "TokenIssued", "a one-time token was handed to the runtime agent"),
+    ):
+        conditions = state.set_condition(
+            conditions,
+            type_=type_,
+            status=True,
+            reason=reason,
+            message=message,
+            now=now,
+            observed_generation=state.generation_of(mapping),
+        )
+    after = {**before, "registered": True, "configured": True, "state": "Ready"}
+    after["conditions"] = conditions
+    if registered.labels is not None:
+        after["directorLabels"] = registered.labels
+    last = state.from_rfc3339(before.get("lastTokenIssuedAt"))
+    stale = last is None or now - last >= TOKEN_TIMESTAMP_REFRESH
+    if after == before and not stale:
+        return None
+    after["lastTokenIssuedAt"] = state.to_rfc3339(now) if stale else before["lastTokenIssuedAt"]
+    return after
+
+
+def failed_status(
+    mapping: Mapping,
+    *,
+    condition: str,
+    reason: str,
+    message: str,
+    now: float,
+    director_labels: dict[str, str] | None,
+) -> tuple[dict[str, Any] | None, bool]:
+    """(the status to write or None, whether the failure is news worth an Event)."""
+    before = state.conditions_of(mapping)
+    after = state.set_condition(
+        before,
+        type_=condition,
+        status=False,
+        reason=reason,
+        message=message,
+        now=now,
+        observed_generation=state.generation_of(mapping),
+    )
+    write, tell = state.condition_changed(before, after, condition)
+    status: dict[str, Any] = {}
+    if write:
+        status["conditions"] = after
+    if director_labels is not None and director_labels != mapping.director_labels:
+        status["directorLabels"] = director_labels
+    return (status or None), tell
+
+
 class StatusRecorder:
     def __init__(
-        self, *, repo: MappingRepository, events: EventRecorder, clock: Callable[[], float]
+        self,
+        *,
+        repo: MappingRepository,
+        cache: MappingReader,
+        events: KymaEvents,
+        clock: Callable[[], float],
     ) -> None:
         self._repo = repo
+        self._cache = cache
         self._events = events
         self._clock = clock
+
+    async def _current(self, name: str, given: Mapping | None) -> Mapping | None:
+        if given is not None:
+            return given
+        return self._cache.get(name) or await self._repo.get(name)
+
+    async def _write(
+        self, name: str, mapping: Mapping, compute: Callable[[Mapping], dict[str, Any] | None]
+    ) -> None:
+        current: Mapping | None = mapping
+        for _ in range(2):
+            if current is None:
+                return
+            status = compute(current)
+            if status is None:
+                return
+            try:
+                await self._repo.patch_status(
+                    name, status, resource_version=current.resource_version
+                )
+                return
+            except Conflict:
+                current = await self._repo.get(name)
+
+    async def issued(self, *, kyma: KymaView, registered: Registered) -> None:
+        now = self._clock()
+        try:
+            mapping = await self._current(kyma.name, None)
+            if mapping is not None:
+                await self._write(
+                    kyma.name, mapping, lambda m: issued_status(m, registered=registered, now=now)
+                )
+        except KubeError as exc:
+            log.warning(
+                "could not update mapping status", extra={"kyma": kyma.name, "error": str(exc)}
+            )
+        if registered.outcome == "registered":
+            await self._events.record(
+                kyma_name=kyma.name,
+                kyma_uid=kyma.uid,
+                reason="RuntimeRegistered",
+                message=f"registered in Compass as runtime {registered.compass_id}",
+            )
+        await self._events.record(
+            kyma_name=kyma.name,
+            kyma_uid=kyma.uid,
+            reason="TokenIssued",
+            message="one-time token issued to the runtime agent",
+        )
 
     async def failed(
         self,
         *,
-        kyma_name: str,
-        kyma_uid: str,
+        kyma: KymaView | None = None,
+        name: str = "",
         condition: str,
         event_reason: str,
         exc: BaseException,
         mapping: Mapping | None = None,
         what: str = "",
+        director_labels: dict[str, str] | None = None,
     ) -> bool:
-        """Records a failure; returns whether a Warning Event was emitted. `mapping` saves a read
-        when the caller has a fresh one."""
+        """Records a failure; returns whether a Warning Event was emitted."""
+        name = kyma.name if kyma is not None else name
         reason, message = failure_text(exc)
         if what:
             message = f"{what}: {message}"
+        now = self._clock()
+        tell = False
         try:
-            current = mapping if mapping is not None else await self._repo.get(kyma_name)
+            current = await self._current(name, mapping)
             if current is None:
                 return False  # nothing to hang a condition on (and nothing registered yet)
-            before = state.conditions_of(current)
-            after = state.set_condition(
-                before,
-                type_=condition,
-                status=False,
+            _, tell = failed_status(
+                current,
+                condition=condition,
                 reason=reason,
                 message=message,
-                now=self._clock(),
-                observed_generation=state.generation_of(current),
+                now=now,
+                director_labels=director_labels,
             )
-            write, tell = state.condition_changed(before, after, condition)
-            if write:
-                await self._repo.patch_status(kyma_name, {"conditions": after})
+            await self._write(
+                name,
+                current,
+                lambda m: failed_status(
+                    m,
+                    condition=condition,
+                    reason=reason,
+                    message=message,
+                    now=now,
+                    director_labels=director_labels,
+                )[0],
+            )
         except KubeError as exc_kube:
             log.warning(
                 "could not write a failure condition",
-                extra={"kyma": kyma_name, "condition": condition, "error": str(exc_kube)},
+                extra={"kyma": name, "condition": condition, "error": str(exc_kube)},
             )
             return False
         if tell:
             await self._events.record(
-                kyma_name=kyma_name,
-                kyma_uid=kyma_uid,
+                kyma_name=name,
+                kyma_uid=kyma.uid if kyma is not None else "",
                 reason=event_reason,
                 message=message,
                 warning=True,

@@ -1,27 +1,29 @@
 """The composition root: builds every part from `Settings` and runs them together.
 
-Holds: one KCP client, one Director HTTP client and one of everything else per process; the
-reconciler acts only while this replica holds the Lease; on SIGTERM/SIGINT the server stops
-accepting, in-flight requests finish, background tasks stop, the Lease is released.
+Holds: one KCP client, and one HTTP client per upstream sized for its job (Director calls are
+few and bounded by the concurrency limit; OAuth is one call at a time; issuer keys and runtime
+API servers are many), so a burst towards one upstream never queues the calls to another; every
+background task runs supervised (restarted with backoff, counted); the reconciler acts only while
+this replica holds the Lease; on SIGTERM/SIGINT the server stops accepting, in-flight requests
+finish, background tasks stop, the Lease is released.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
 import time
 import uuid
-from collections.abc import Generator
+from collections.abc import Callable
 
 import httpx
-import uvicorn
 
 from control_plane_broker import circuit_breaker as cb
-from control_plane_broker.api.app import create_app
+from control_plane_broker.api.app import Health, create_app
+from control_plane_broker.api.server import bind, build_server
 from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
@@ -29,69 +31,127 @@ from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
 from control_plane_broker.identity.verifier import CountingVerifier, Verifier, XfccVerifier
 from control_plane_broker.issuing import TokenIssuer
-from control_plane_broker.kube.client import KubeClient
-from control_plane_broker.kube.config import ClusterAccess
-from control_plane_broker.kube.events import EventRecorder
-from control_plane_broker.kube.kyma_cache import KymaCache
-from control_plane_broker.kube.lease import LeaderElector
-from control_plane_broker.kube.mappings import MappingRepository
-from control_plane_broker.kube.runtime_access import RuntimeAccess
+from control_plane_broker.kube import (
+    KymaEvents,
+    MappingRepository,
+    RuntimeAccess,
+    kyma_informer,
+    mapping_informer,
+)
 from control_plane_broker.metrics import Metrics
+from control_plane_broker.model import KymaView
 from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
 from control_plane_broker.reconciler import Reconciler
-from control_plane_broker.registration.service import RegistrationService
+from control_plane_broker.registration.service import Hook, RegistrationService
+from control_plane_broker.registration.state import Mapping
+from control_plane_broker.retry import watch_backoff
 from control_plane_broker.settings import Settings, load_director_credentials
+from control_plane_broker.status import StatusRecorder
+from control_plane_broker.supervisor import LoopWatch, Supervisor
+from kubeapi import ClusterAccess, EventRecorder, Informer, KubeClient, LeaderElector
 
 log = logging.getLogger(__name__)
 
-
-class _Server(uvicorn.Server):
-    """uvicorn, minus its own signal handling: `run` owns the shutdown order."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
+HEADER_TIMEOUT_SECONDS = 10.0
+WEDGE_SECONDS = 5.0
+RECONCILE_WORKERS = 4
 
 
 def replica_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-async def run(settings: Settings, *, kcp_access: ClusterAccess) -> None:  # noqa: PLR0915
+def cache_fresh(informer: Informer[KymaView] | Informer[Mapping], bound: float) -> bool:
+    """Synced, and heard from the API server (event, bookmark or list) within `bound`."""
+    contact = informer.last_contact
+    return informer.synced and contact is not None and time.monotonic() - contact < bound
+
+
+async def run(  # noqa: PLR0915
+    settings: Settings, *, kcp_access: ClusterAccess, after_register: Hook | None = None
+) -> None:
     if not settings.director_url or settings.director_credentials_file is None:
         raise SystemExit("BROKER_DIRECTOR_URL and BROKER_DIRECTOR_CREDENTIALS_FILE are required")
     credentials = load_director_credentials(settings.director_credentials_file)
     me = replica_identity()
     wall, mono = time.time, time.monotonic
     metrics = Metrics()
+    ns = settings.kcp_namespace
 
-    kcp = KubeClient(kcp_access)
-    cache = KymaCache(kcp, namespace=settings.kcp_namespace)
-    repo = MappingRepository(kcp, namespace=settings.kcp_namespace)
-    events = EventRecorder(
-        kcp, namespace=settings.kcp_namespace, component="compass-broker", clock=wall
+    kcp = KubeClient(
+        kcp_access,
+        user_agent="compass-broker",
+        timeout=10.0,
+        max_connections=32,
+        on_request=metrics.on_kube_request,
     )
-    http = httpx.AsyncClient(timeout=httpx.Timeout(settings.director_timeout_seconds))
+    kymas = kyma_informer(kcp, namespace=ns, delay=watch_backoff)
+    mappings = mapping_informer(kcp, namespace=ns, delay=watch_backoff)
+    repo = MappingRepository(kcp, namespace=ns)
+    events = KymaEvents(
+        EventRecorder(kcp, namespace=ns, component="compass-broker", host=me), namespace=ns
+    )
+    status = StatusRecorder(repo=repo, cache=mappings, events=events, clock=wall)
+
+    c = settings.director_max_concurrency
+    director_http = httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.director_timeout_seconds),
+        limits=httpx.Limits(max_connections=c + 2, max_keepalive_connections=c + 2),
+        trust_env=False,
+    )
+    oauth_http = httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.director_timeout_seconds),
+        limits=httpx.Limits(max_connections=2, max_keepalive_connections=2),
+        trust_env=False,
+    )
     guard = DirectorGuard(
         policy=cb.BreakerPolicy(
             failure_threshold=settings.breaker_failure_threshold,
             open_seconds=settings.breaker_open_seconds,
         ),
-        max_concurrency=settings.director_max_concurrency,
+        max_concurrency=c,
         queue_timeout=settings.director_queue_timeout_seconds,
         clock=mono,
         on_state=metrics.on_breaker_state,
     )
-    oauth = OAuthTokenSource(http, credentials, scope=settings.director_scope, clock=mono)
-    director = DirectorClient(http=http, url=settings.director_url, oauth=oauth, guard=guard)
-    registration = RegistrationService(
-        settings=settings, repo=repo, director=director, metrics=metrics, me=me, clock=wall
+    oauth = OAuthTokenSource(oauth_http, credentials, scope=settings.director_scope, clock=mono)
+    director = DirectorClient(
+        http=director_http, url=settings.director_url, oauth=oauth, guard=guard
     )
+    registration = RegistrationService(
+        settings=settings,
+        repo=repo,
+        cache=mappings,
+        director=director,
+        metrics=metrics,
+        me=me,
+        clock=wall,
+        after_register=after_register,
+    )
+
+    async def kubeconfig_invalid(runtime_id: str, problem: str) -> None:
+        kyma = kymas.get(runtime_id.lower())
+        if kyma is not None:
+            await events.record(
+                kyma_name=kyma.name,
+                kyma_uid=kyma.uid,
+                reason="RuntimeKubeconfigInvalid",
+                message=f"the runtime kubeconfig Secret cannot be used: {problem}",
+                warning=True,
+            )
+
     runtime_access = RuntimeAccess(
         kcp,
-        namespace=settings.kcp_namespace,
+        namespace=ns,
+        secret_name_pattern=settings.runtime_kubeconfig_secret_pattern,
         ttl_seconds=settings.runtime_access_cache_seconds,
         clock=mono,
+        on_invalid=kubeconfig_invalid,
+    )
+    keys_http = httpx.AsyncClient(
+        timeout=httpx.Timeout(10.0),
+        limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+        trust_env=False,
     )
     allowed = settings.allowed_service_account_set()
     inner: Verifier
@@ -109,36 +169,45 @@ async def run(settings: Settings, *, kcp_access: ClusterAccess) -> None:  # noqa
             audience=settings.audience,
             allowed=allowed,
             issuer_url=settings.jwks_issuer_url,
-            http=http,
+            http=keys_http,
             clock=mono,
         )
     else:
         inner = XfccVerifier(trusted=settings.xfcc_trusted)
     issuer = TokenIssuer(
         settings=settings,
-        cache=cache,
+        cache=kymas,
         verifier=CountingVerifier(inner, metrics),
         registration=registration,
         director=director,
-        repo=repo,
-        events=events,
+        guard=guard,
+        status=status,
         limiter=RateLimiter(
             BucketPolicy(
                 burst=settings.rate_limit_burst, per_second=settings.rate_limit_per_minute / 60
             )
         ),
         clock=mono,
-        wall=wall,
     )
 
-    def ready() -> bool:
-        metrics.cache_synced.set(1 if cache.synced else 0)
-        return cache.synced
+    supervisor = Supervisor(on_restart=lambda task: metrics.task_restarts.labels(task).inc())
+    loop_watch = LoopWatch(wedge_seconds=WEDGE_SECONDS)
+    stale_after = settings.cache_stale_seconds
+
+    def ready() -> tuple[bool, list[str]]:
+        problems = [f"task {name} is down" for name in supervisor.down()]
+        for informer in (kymas, mappings):
+            if not informer.synced:
+                problems.append(f"{informer.name} not synced")
+            elif not cache_fresh(informer, stale_after):
+                problems.append(f"{informer.name} not heard from in {stale_after:.0f} s")
+        metrics.cache_synced.set(1 if kymas.synced else 0)
+        return not problems, problems
 
     app = create_app(
         issuer=issuer,
         metrics=metrics,
-        ready=ready,
+        health=Health(ready=ready, live=loop_watch.healthy),
         jitter_max=settings.retry_after_jitter_seconds,
     )
 
@@ -146,40 +215,43 @@ async def run(settings: Settings, *, kcp_access: ClusterAccess) -> None:  # noqa
         kcp,
         namespace=settings.lease_namespace,
         name=settings.lease_name,
-        me=me,
+        identity=me,
         duration=settings.lease_duration_seconds,
         renew_every=settings.lease_renew_seconds,
-        clock=wall,
         on_change=lambda leading: metrics.leader.set(1 if leading else 0),
     )
 
     def leading() -> bool:
         return elector.leading if settings.leader_election else True
 
-    background = [asyncio.create_task(cache.run(), name="kyma-cache")]
+    supervisor.start("loop-watch", loop_watch.run)
+    supervisor.start("kyma-watch", kymas.run)
+    supervisor.start("mapping-watch", mappings.run)
     if settings.reconciler_enabled:
         reconciler = Reconciler(
             settings=settings,
-            cache=cache,
+            cache=kymas,
+            mappings=mappings,
             repo=repo,
             director=director,
             events=events,
+            status=status,
             metrics=metrics,
             leading=leading,
             clock=wall,
         )
         if settings.leader_election:
-            background.append(asyncio.create_task(elector.run(), name="lease"))
-        background.append(asyncio.create_task(reconciler.run_worker(), name="reconcile"))
-        background.append(asyncio.create_task(reconciler.run_sweeps(), name="sweep"))
+            supervisor.start("lease", elector.run)
+        for index in range(RECONCILE_WORKERS):
+            supervisor.start(f"reconcile-{index}", reconciler.run_worker)
+        supervisor.start("sweep", reconciler.run_sweeps)
 
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host, settings.port))
-    server = _Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off"))
+    sock = bind(settings.host, settings.port)
+    server = build_server(app, header_timeout=HEADER_TIMEOUT_SECONDS)
     loop = asyncio.get_running_loop()
+    stop: Callable[[], None] = lambda: setattr(server, "should_exit", True)  # noqa: E731
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        loop.add_signal_handler(sig, stop)
     host, port = sock.getsockname()[:2]
     log.info(
         "listening",
@@ -189,12 +261,11 @@ async def run(settings: Settings, *, kcp_access: ClusterAccess) -> None:  # noqa
         await server.serve(sockets=[sock])
     finally:
         log.info("shutting down")
-        for task in background:
-            task.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
-        if settings.leader_election:
+        await supervisor.stop()
+        if settings.leader_election and settings.reconciler_enabled:
             await elector.release()
         await runtime_access.aclose()
-        await http.aclose()
+        for client in (director_http, oauth_http, keys_http):
+            await client.aclose()
         await kcp.aclose()
         sock.close()

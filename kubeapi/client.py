@@ -204,8 +204,12 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         body: object = None,
         content_type: str = "application/json",
+        accept: str | None = None,
     ) -> JSON:
         what = f"{method} {path}"
+        headers = {"Content-Type": content_type} if body is not None else {}
+        if accept:
+            headers["Accept"] = accept
         status: int | None = None
         try:
             with _translated(what):
@@ -214,7 +218,7 @@ class KubeClient:
                     path,
                     params=params,
                     content=None if body is None else json.dumps(body).encode(),
-                    headers={"Content-Type": content_type} if body is not None else None,
+                    headers=headers or None,
                 ) as response:
                     status = response.status_code
                     raw = await self._read(response, what)
@@ -225,9 +229,12 @@ class KubeClient:
 
     # -- verbs -------------------------------------------------------------------------------
 
-    async def get(self, path: str, *, params: Mapping[str, str] | None = None) -> JSON:
-        """The object; raises NotFound when there is none."""
-        return await self._call("get", "GET", path, params=params)
+    async def get(
+        self, path: str, *, params: Mapping[str, str] | None = None, accept: str | None = None
+    ) -> JSON:
+        """The object; raises NotFound when there is none. `accept` for endpoints that serve
+        another media type than plain JSON (the issuer's key set)."""
+        return await self._call("get", "GET", path, params=params, accept=accept)
 
     async def get_or_none(
         self, path: str, *, params: Mapping[str, str] | None = None

@@ -31,7 +31,8 @@ def problem_for(exc: BrokerError, *, instance: str, jitter_max: float, rand: Jit
     headers: dict[str, str] = {}
     if isinstance(exc, TemporaryError) and exc.status in (429, 503):
         base = exc.retry_after if exc.retry_after is not None else 1.0
-        headers["Retry-After"] = str(retry_after_seconds(base, jitter_max=jitter_max, rand=rand))
+        spread = jitter_max if exc.spread else 0.0
+        headers["Retry-After"] = str(retry_after_seconds(base, jitter_max=spread, rand=rand))
     body = {
         "type": type_uri(exc.slug),
         "title": exc.title,

@@ -7,12 +7,18 @@ Holds: every call goes through the guard (breaker + concurrency limit); every fa
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from control_plane_broker.director import documents as docs
-from control_plane_broker.director.errors import DirectorNotFound, DirectorRetryable, classify
+from control_plane_broker.director.errors import (
+    DirectorNotFound,
+    DirectorPermanent,
+    DirectorRetryable,
+    classify,
+)
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.models import (
     DirectorRuntime,
@@ -24,6 +30,17 @@ from control_plane_broker.director.models import (
 from control_plane_broker.director.oauth import OAuthTokenSource
 
 PAGE_SIZE = 100  # Director's maximum for `first`
+MAX_PAGES = 50  # 5,000 runtimes with one label value is not an answer we can act on
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_field(data: dict[str, Any], key: str, model: type[M], operation: str) -> M:
+    """`data[key]` as `model`; anything else Director sends is its fault, not a crash of ours."""
+    try:
+        return model.model_validate(data[key])
+    except (KeyError, TypeError, ValidationError) as exc:
+        raise DirectorPermanent(f"{operation}: unexpected answer from Director") from exc
 
 
 def label_query(value: str) -> str:
@@ -46,7 +63,13 @@ class DirectorClient:
         self._guard = guard
 
     async def _execute(
-        self, document: str, variables: dict[str, Any], *, tenant: str, operation: str
+        self,
+        document: str,
+        variables: dict[str, Any],
+        *,
+        tenant: str,
+        operation: str,
+        follow_up: bool = False,
     ) -> dict[str, Any]:
         async def attempt() -> dict[str, Any]:
             for second_try in (False, True):
@@ -65,7 +88,7 @@ class DirectorClient:
                 return self._parse(response, operation)
             raise AssertionError("unreachable")
 
-        return await self._guard.call(attempt)
+        return await self._guard.call(attempt, follow_up=follow_up)
 
     @staticmethod
     def _parse(response: httpx.Response, operation: str) -> dict[str, Any]:
@@ -74,11 +97,11 @@ class DirectorClient:
             body = response.json()
         except ValueError:
             body = None
-        errors = (
-            [GraphQLError.model_validate(e) for e in (body or {}).get("errors") or []]
-            if isinstance(body, dict)
-            else []
-        )
+        raw_errors = body.get("errors") if isinstance(body, dict) else None
+        try:
+            errors = [GraphQLError.model_validate(e) for e in raw_errors or []]
+        except (TypeError, ValidationError):
+            errors = [GraphQLError(message="malformed GraphQL error")]
         message = f"{operation}: HTTP {response.status_code}"
         if errors:
             message += ": " + "; ".join(e.message[:200] for e in errors[:3])
@@ -97,7 +120,7 @@ class DirectorClient:
     ) -> list[DirectorRuntime]:
         found: list[DirectorRuntime] = []
         after: str | None = None
-        while True:
+        for _ in range(MAX_PAGES):
             data = await self._execute(
                 docs.RUNTIMES_BY_LABEL,
                 {
@@ -108,18 +131,12 @@ class DirectorClient:
                 tenant=tenant,
                 operation="runtimes",
             )
-            page = RuntimePage.model_validate(data["runtimes"])
+            page = parse_field(data, "runtimes", RuntimePage, "runtimes")
             found.extend(page.data)
             if not page.page_info.has_next_page or not page.page_info.end_cursor:
                 return found
             after = page.page_info.end_cursor
-
-    async def runtime(self, *, tenant: str, runtime_id: str) -> DirectorRuntime | None:
-        data = await self._execute(
-            docs.RUNTIME, {"id": runtime_id}, tenant=tenant, operation="runtime"
-        )
-        raw = data.get("runtime")
-        return None if raw is None else DirectorRuntime.model_validate(raw)
+        raise DirectorPermanent("runtimes: more pages than any Kyma runtime can have")
 
     async def register_runtime(self, *, tenant: str, spec: RuntimeRegisterInput) -> DirectorRuntime:
         data = await self._execute(
@@ -128,7 +145,7 @@ class DirectorClient:
             tenant=tenant,
             operation="registerRuntime",
         )
-        return DirectorRuntime.model_validate(data["registerRuntime"])
+        return parse_field(data, "registerRuntime", DirectorRuntime, "registerRuntime")
 
     async def unregister_runtime(self, *, tenant: str, runtime_id: str) -> bool:
         """True when unregistered now, False when it was already gone (code 20 counts as done)."""
@@ -143,14 +160,16 @@ class DirectorClient:
             return False
         return True
 
-    async def request_one_time_token(self, *, tenant: str, runtime_id: str) -> OneTimeToken:
+    async def request_one_time_token(
+        self, *, tenant: str, runtime_id: str, follow_up: bool = False
+    ) -> OneTimeToken:
+        """`follow_up`: the request already spent a Director call (it registered the runtime),
+        so its token goes before requests that have not started yet."""
+        op = "requestOneTimeTokenForRuntime"
         data = await self._execute(
-            docs.REQUEST_OTT,
-            {"id": runtime_id},
-            tenant=tenant,
-            operation="requestOneTimeTokenForRuntime",
+            docs.REQUEST_OTT, {"id": runtime_id}, tenant=tenant, operation=op, follow_up=follow_up
         )
-        return OneTimeToken.model_validate(data["requestOneTimeTokenForRuntime"])
+        return parse_field(data, op, OneTimeToken, op)
 
     async def set_runtime_label(
         self, *, tenant: str, runtime_id: str, key: str, value: Any

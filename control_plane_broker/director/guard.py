@@ -1,21 +1,69 @@
-"""Protects Director: a circuit breaker and a global concurrency limit around every call.
+"""Protects Director: a circuit breaker, a booking calendar and a global concurrency limit.
 
 Holds: while the breaker is open no call leaves the process, also none that was already waiting
-for a slot when it opened; at most `max_concurrency` calls are in flight; a caller that waits
-longer than `queue_timeout` for a slot gets `CompassUnavailable`.
+for a slot when it opened, and a caller learns that before it costs anything (`refuse_if_open`);
+at most `max_concurrency` calls are in flight; a request is admitted only when its turn comes
+within the queue timeout by the calendar's estimate (`book`), otherwise it is told when to come
+back; the second call of a request that already holds Director's attention (the token after a
+registration) is served before first calls, so admitted requests finish in the time promised;
+a call that still waits longer than twice the queue timeout for a slot gets `CompassUnavailable`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from control_plane_broker import circuit_breaker as cb
+from control_plane_broker.director.admission import Admitted, Calendar
 from control_plane_broker.director.errors import DirectorRetryable
-from control_plane_broker.errors import CompassUnavailable
+from control_plane_broker.errors import CompassUnavailable, TurnBooked
 
 T = TypeVar("T")
+
+FIRST_CALL = 1
+FOLLOW_UP = 0  # served first: the request has already spent Director's time
+
+
+class PrioritySlots:
+    """A counting semaphore whose waiters are served by (priority, arrival).
+
+    A released slot is handed straight to the next waiter, so `free > 0` implies nobody waits."""
+
+    def __init__(self, capacity: int) -> None:
+        self._free = capacity
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self.waiting = 0
+
+    async def acquire(self, priority: int, wait_seconds: float) -> None:
+        if self._free > 0:
+            self._free -= 1
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (priority, next(self._seq), future))
+        self.waiting += 1
+        try:
+            await asyncio.wait_for(asyncio.shield(future), wait_seconds)
+        except BaseException:
+            if future.done() and not future.cancelled():
+                self.release()  # granted just as we gave up: pass the slot on
+            else:
+                future.cancel()
+                self.waiting -= 1
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                self.waiting -= 1
+                future.set_result(None)  # the slot moves to the waiter as it is
+                return
+        self._free += 1
 
 
 class DirectorGuard:
@@ -30,10 +78,11 @@ class DirectorGuard:
     ) -> None:
         self._policy = policy
         self._breaker = cb.Breaker()
-        self._slots = asyncio.Semaphore(max_concurrency)
+        self._slots = PrioritySlots(max_concurrency)
         self._queue_timeout = queue_timeout
         self._clock = clock
         self._on_state = on_state
+        self.calendar = Calendar(capacity=max_concurrency, max_wait=queue_timeout)
 
     @property
     def state(self) -> cb.State:
@@ -44,7 +93,26 @@ class DirectorGuard:
             self._on_state(breaker.state.value)
         self._breaker = breaker
 
-    async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
+    def refuse_if_open(self) -> None:
+        """The cheap refusal: raises at once while the breaker would refuse a call anyway."""
+        if cb.would_refuse(self._breaker, self._policy, self._clock()):
+            raise CompassUnavailable(
+                "circuit breaker open",
+                retry_after=cb.seconds_until_probe(self._breaker, self._policy, self._clock()),
+            )
+
+    def book(self, key: str, *, calls: int) -> None:
+        """Admits a request of `calls` Director calls for `key`, or raises `TurnBooked`."""
+        verdict = self.calendar.book(
+            key, calls=calls, now=self._clock(), queued_calls=self._slots.waiting
+        )
+        if not isinstance(verdict, Admitted):
+            raise TurnBooked("Director capacity is booked", retry_after=verdict.retry_after)
+
+    def release_booking(self, key: str) -> None:
+        self.calendar.cancel(key)
+
+    async def call(self, fn: Callable[[], Awaitable[T]], *, follow_up: bool = False) -> T:
         breaker, admission = cb.admit(self._breaker, self._policy, self._clock())
         self._set(breaker)
         if not admission.allowed:
@@ -53,7 +121,9 @@ class DirectorGuard:
         verdict: bool | None = None  # True healthy, False outage, None no verdict
         try:
             try:
-                await asyncio.wait_for(self._slots.acquire(), self._queue_timeout)
+                await self._slots.acquire(
+                    FOLLOW_UP if follow_up else FIRST_CALL, 2 * self._queue_timeout
+                )
             except TimeoutError:
                 raise CompassUnavailable(
                     "too many Director calls in flight", retry_after=1.0
@@ -66,7 +136,9 @@ class DirectorGuard:
                             self._breaker, self._policy, self._clock()
                         ),
                     )
+                started = self._clock()
                 result = await fn()
+                self.calendar.observe(self._clock() - started)
             finally:
                 self._slots.release()
             verdict = True
@@ -75,7 +147,7 @@ class DirectorGuard:
             verdict = False
             raise
         except CompassUnavailable:
-            raise  # our own queue timeout: no verdict on Director
+            raise  # our own queue timeout or breaker: no verdict on Director
         except Exception:
             verdict = True  # a permanent answer: Director is up and talking
             raise

@@ -1,19 +1,28 @@
-"""Typed Director data at the boundary (pydantic), parsed from GraphQL `data`."""
+"""Typed Director data at the boundary (pydantic), parsed from GraphQL `data`.
+
+Director's answers are input like any other: an ID ends up in a Kubernetes label and the token
+and URL in a runtime's Secret, so each field is held to the shape it must have there."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
 
 
+# Compass IDs are UUIDs; the broker writes them into a label value (≤ 63, alphanumeric ends).
+CompassID = Annotated[
+    str, StringConstraints(pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+]
+
+
 class DirectorRuntime(_Model):
-    id: str
-    name: str
+    id: CompassID
+    name: str = Field(max_length=256)
     labels: dict[str, Any] | None = None
 
 
@@ -28,8 +37,8 @@ class RuntimePage(_Model):
 
 
 class OneTimeToken(_Model):
-    token: str = Field(repr=False)
-    connector_url: str = Field(alias="connectorURL")
+    token: str = Field(repr=False, min_length=1, max_length=8192, pattern=r"^[\x21-\x7e]+$")
+    connector_url: str = Field(alias="connectorURL", max_length=2048, pattern=r"^https?://\S+$")
     used: bool = False
     expires_at: Any = Field(default=None, alias="expiresAt")
 

@@ -3,7 +3,10 @@
 Keys come from the runtime API server (`/openid/v1/jwks`, issuer from
 `/.well-known/openid-configuration`) through its kubeconfig, or from a configured issuer URL
 (`{runtime_id}` is substituted). An unknown `kid` triggers one refetch, at most every
-`refetch_seconds` per runtime, so garbage tokens cannot make us hammer the cluster. Keys are
+`refetch_seconds` per runtime, so garbage tokens cannot make us hammer the cluster; callers
+that need the same runtime's keys at the same time share one fetch (a cold start of thousands
+of runtimes costs one fetch per runtime, not one per request), and a failed fetch is not
+repeated for `refetch_seconds` (an unreachable issuer is not asked again per request). Keys are
 also refetched once they are `max_age_seconds` old, so a key the cluster retired (rotated out or
 revoked) stops being trusted within that time.
 RS256 and ES256 only; iss, aud, exp, nbf checked. No call per request once keys are known.
@@ -22,9 +25,9 @@ import jwt
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
 from control_plane_broker.identity import claims
 from control_plane_broker.identity.claims import Identity
-from control_plane_broker.kube.client import KubeError
 from control_plane_broker.kube.runtime_access import RuntimeAccess
-from control_plane_broker.model import KymaView
+from control_plane_broker.singleflight import SingleFlight
+from kubeapi import KubeError
 
 ALGORITHMS = ["RS256", "ES256"]
 JWKS_ACCEPT = "application/jwk-set+json, application/json"  # the API server refuses plain JSON
@@ -63,8 +66,10 @@ class JwksVerifier:
         self._max_age = max_age_seconds
         self._leeway = leeway
         self._keys: dict[str, _Keys] = {}
+        self._failed_at: dict[str, float] = {}
+        self._fetches: SingleFlight[_Keys] = SingleFlight()
 
-    async def _fetch(self, kyma: KymaView, runtime_id: str) -> _Keys:
+    async def _fetch(self, runtime_id: str) -> _Keys:
         try:
             if self._issuer_url:
                 issuer = self._issuer_url.format(runtime_id=runtime_id)
@@ -74,7 +79,7 @@ class JwksVerifier:
                 response.raise_for_status()
                 jwks: Any = response.json()
             else:
-                client = await self._access.client_for(kyma.name)
+                client = await self._access.client_for(runtime_id)
                 discovery = await client.get("/.well-known/openid-configuration")
                 issuer = str(discovery["issuer"])
                 jwks = await client.get("/openid/v1/jwks", accept=JWKS_ACCEPT)
@@ -92,8 +97,24 @@ class JwksVerifier:
                 keys[key.key_id] = key
         return _Keys(issuer=issuer, keys=keys, fetched_at=self._clock())
 
-    async def _key_for(self, kyma: KymaView, runtime_id: str, kid: str) -> tuple[str, jwt.PyJWK]:
-        cached = self._keys.get(kyma.name)
+    async def _fetch_shared(self, key: str, runtime_id: str) -> _Keys:
+        failed_at = self._failed_at.get(key)
+        if failed_at is not None and self._clock() - failed_at < self._refetch:
+            raise ControlPlaneUnavailable(
+                "the runtime's issuer keys are unavailable", retry_after=5
+            )
+        try:
+            keys = await self._fetch(runtime_id)
+        except ControlPlaneUnavailable:
+            self._failed_at[key] = self._clock()
+            raise
+        self._failed_at.pop(key, None)
+        self._keys[key] = keys
+        return keys
+
+    async def _key_for(self, runtime_id: str, kid: str) -> tuple[str, jwt.PyJWK]:
+        key_of_runtime = runtime_id.lower()
+        cached = self._keys.get(key_of_runtime)
         age = None if cached is None else self._clock() - cached.fetched_at
         if (
             cached is None
@@ -101,16 +122,15 @@ class JwksVerifier:
             or age >= self._max_age
             or (kid not in cached.keys and age >= self._refetch)
         ):
-            cached = await self._fetch(kyma, runtime_id)
-            self._keys[kyma.name] = cached
+            cached = await self._fetches.do(
+                key_of_runtime, lambda: self._fetch_shared(key_of_runtime, runtime_id)
+            )
         key = cached.keys.get(kid)
         if key is None:
             raise IdentityNotProven("token signed by an unknown key", reason="unknown-kid")
         return cached.issuer, key
 
-    async def verify(
-        self, *, kyma: KymaView, runtime_id: str, headers: Mapping[str, str]
-    ) -> Identity:
+    async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity:
         token = claims.bearer_token(headers.get("authorization"))
         try:
             header = jwt.get_unverified_header(token)
@@ -119,7 +139,7 @@ class JwksVerifier:
         if header.get("alg") not in ALGORITHMS:
             raise IdentityNotProven("unsupported signature algorithm", reason="algorithm")
         try:
-            issuer, key = await self._key_for(kyma, runtime_id, str(header.get("kid", "")))
+            issuer, key = await self._key_for(runtime_id, str(header.get("kid", "")))
         except IdentityNotProven as exc:
             if exc.reason != "unknown-kid":
                 raise

@@ -14,9 +14,8 @@ from collections.abc import Callable, Mapping
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
 from control_plane_broker.identity import claims
 from control_plane_broker.identity.claims import Identity
-from control_plane_broker.kube.client import KubeError, KubeUnavailable
 from control_plane_broker.kube.runtime_access import RuntimeAccess
-from control_plane_broker.model import KymaView
+from kubeapi import KubeError, KubeUnavailable
 
 TOKENREVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
 
@@ -42,16 +41,14 @@ class TokenReviewVerifier:
         self._cache: OrderedDict[str, tuple[float, Identity]] = OrderedDict()
         self._max = max_entries
 
-    async def verify(
-        self, *, kyma: KymaView, runtime_id: str, headers: Mapping[str, str]
-    ) -> Identity:
+    async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity:
         token = claims.bearer_token(headers.get("authorization"))
         now = self._clock()
         key = claims.token_fingerprint(runtime_id, token)
         hit = self._cache.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
-        client = await self._access.client_for(kyma.name)
+        client = await self._access.client_for(runtime_id)
         try:
             review = await client.create(
                 TOKENREVIEW_PATH,

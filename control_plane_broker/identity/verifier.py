@@ -11,7 +11,6 @@ from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.identity.xfcc import identity_from_xfcc
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.model import KymaView
 
 log = logging.getLogger(__name__)
 
@@ -19,9 +18,7 @@ log = logging.getLogger(__name__)
 class Verifier(Protocol):
     mode: str
 
-    async def verify(
-        self, *, kyma: KymaView, runtime_id: str, headers: Mapping[str, str]
-    ) -> Identity: ...
+    async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity: ...
 
 
 class XfccVerifier:
@@ -30,9 +27,7 @@ class XfccVerifier:
     def __init__(self, *, trusted: bool) -> None:
         self._trusted = trusted
 
-    async def verify(
-        self, *, kyma: KymaView, runtime_id: str, headers: Mapping[str, str]
-    ) -> Identity:
+    async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity:
         return identity_from_xfcc(headers, runtime_id=runtime_id, trusted=self._trusted)
 
 
@@ -44,11 +39,9 @@ class CountingVerifier:
         self._metrics = metrics
         self.mode = inner.mode
 
-    async def verify(
-        self, *, kyma: KymaView, runtime_id: str, headers: Mapping[str, str]
-    ) -> Identity:
+    async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity:
         try:
-            return await self._inner.verify(kyma=kyma, runtime_id=runtime_id, headers=headers)
+            return await self._inner.verify(runtime_id=runtime_id, headers=headers)
         except (IdentityNotProven, IdentityForbidden) as exc:
             self._metrics.identity_failures.labels(self.mode, exc.reason).inc()
             log.info(

@@ -1,35 +1,15 @@
-"""Small Kubernetes adapters over one async HTTP client; no decisions are made here."""
+"""The broker's Kubernetes adapters on `kubeapi`: Kyma and mapping views, the mapping
+repository, runtime access and Kyma Events; no decisions are made here."""
 
-from control_plane_broker.kube.client import (
-    Conflict,
-    Gone,
-    KubeClient,
-    KubeError,
-    KubeRejected,
-    KubeUnavailable,
-    NotFound,
-)
-from control_plane_broker.kube.config import ClusterAccess, KubeconfigError, load_kcp_access
-from control_plane_broker.kube.events import EventRecorder
-from control_plane_broker.kube.kyma_cache import KymaCache
-from control_plane_broker.kube.lease import LeaderElector
+from control_plane_broker.kube.caches import kyma_informer, mapping_informer
+from control_plane_broker.kube.events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.kube.runtime_access import RuntimeAccess
 
 __all__ = [
-    "ClusterAccess",
-    "Conflict",
-    "EventRecorder",
-    "Gone",
-    "KubeClient",
-    "KubeError",
-    "KubeRejected",
-    "KubeUnavailable",
-    "KubeconfigError",
-    "KymaCache",
-    "LeaderElector",
+    "KymaEvents",
     "MappingRepository",
-    "NotFound",
     "RuntimeAccess",
-    "load_kcp_access",
+    "kyma_informer",
+    "mapping_informer",
 ]

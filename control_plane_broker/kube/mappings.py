@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from control_plane_broker.kube.client import KubeClient
 from control_plane_broker.model import KYMA_GROUP, MAPPING_VERSION
 from control_plane_broker.registration.state import Mapping
+from kubeapi import KubeClient
 
 
 class MappingRepository:
@@ -34,8 +34,16 @@ class MappingRepository:
         name = obj["metadata"]["name"]
         return Mapping.from_object(await self._client.replace(f"{self._base}/{name}", obj))
 
-    async def patch_status(self, name: str, status: dict[str, Any]) -> None:
-        await self._client.merge_patch(f"{self._base}/{name}/status", {"status": status})
+    async def patch_status(
+        self, name: str, status: dict[str, Any], *, resource_version: str | None = None
+    ) -> None:
+        """Merges `status`; with `resource_version`, raises `Conflict` when the mapping changed
+        since it was read (a condition list is replaced whole, so a stale write would lose
+        another replica's condition)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        await self._client.merge_patch(f"{self._base}/{name}/status", body)
 
     async def delete(self, name: str) -> None:
         await self._client.delete(f"{self._base}/{name}")

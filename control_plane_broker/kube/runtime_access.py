@@ -1,24 +1,73 @@
 """Access to a runtime's own API server, from its kubeconfig Secret in KCP.
 
-The Secret is found by label `operator.kyma-project.io/kyma-name=<kyma name>` (name
-`kubeconfig-<runtime-id>`, data key `config`). Clients are kept for a while so that a burst of
-requests reads the Secret once; the kubeconfig text is never logged.
+The Secret is read by its exact name (`BROKER_RUNTIME_KUBECONFIG_SECRET_PATTERN`, default
+`kubeconfig-{runtime_id}`, data key `config`): a label would let any Secret that carries it
+stand in for the runtime's. The kubeconfig is someone else's input and is parsed with
+`kubeapi.access_from_untrusted_kubeconfig`: https servers with inline credentials only, never a
+local file, a command or a skipped TLS check. A Secret that breaks those rules costs nothing
+but its read: no request leaves the broker, the caller gets `runtime-kubeconfig-invalid` and
+`on_invalid` is told (the broker puts an Event on the Kyma).
+
+Clients are per cluster, not per runtime: runtimes whose kubeconfigs name the same server with
+the same credentials share one connection pool. A client that is retired (the cache is over its
+size) is closed only after any request that may still use it has timed out. Loads of one
+runtime are shared by concurrent callers. The kubeconfig text is never logged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import binascii
+import hashlib
+import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import httpx
 
-from control_plane_broker.errors import IdentityNotProven
-from control_plane_broker.kube.client import KubeClient
-from control_plane_broker.kube.config import KubeconfigError, access_from_kubeconfig_text
-from control_plane_broker.model import LABEL_KYMA_NAME
+from control_plane_broker.errors import (
+    ControlPlaneUnavailable,
+    IdentityNotProven,
+    RuntimeKubeconfigInvalid,
+)
+from control_plane_broker.singleflight import SingleFlight
+from kubeapi import (
+    ClusterAccess,
+    KubeClient,
+    KubeconfigError,
+    KubeError,
+    access_from_untrusted_kubeconfig,
+)
+
+log = logging.getLogger(__name__)
 
 KUBECONFIG_DATA_KEY = "config"
+NEGATIVE_SECONDS = 10.0  # a missing or broken Secret is read again after this long
+
+OnInvalid = Callable[[str, str], Awaitable[None]]  # (runtime ID, what is wrong)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    expires: float
+    client: KubeClient | None = None
+    problem: BaseException | None = None
+
+
+def cluster_key(access: ClusterAccess) -> str:
+    """Same server and same credentials → same client (the hash never leaves the process)."""
+    digest = hashlib.sha256()
+    for part in (
+        access.server.encode(),
+        access.ca_pem or b"",
+        access.client_cert_pem or b"",
+        access.client_key_pem or b"",
+        (access.token or "").encode(),
+    ):
+        digest.update(len(part).to_bytes(4, "big") + part)
+    return digest.hexdigest()
 
 
 class RuntimeAccess:
@@ -27,60 +76,119 @@ class RuntimeAccess:
         kcp: KubeClient,
         *,
         namespace: str,
+        secret_name_pattern: str,
         ttl_seconds: float,
         clock: Callable[[], float],
         timeout: float = 10.0,
-        max_entries: int = 256,
+        max_clusters: int = 4096,
         transport: httpx.AsyncBaseTransport | None = None,
+        on_invalid: OnInvalid | None = None,
     ) -> None:
         self._kcp = kcp
         self._namespace = namespace
+        self._pattern = secret_name_pattern
         self._ttl = ttl_seconds
         self._clock = clock
         self._timeout = timeout
-        self._max = max_entries
+        self._max_clusters = max_clusters
         self._transport = transport  # tests plug in here
-        self._clients: OrderedDict[str, tuple[float, KubeClient]] = OrderedDict()
+        self._on_invalid = on_invalid
+        self._entries: dict[str, _Entry] = {}
+        self._clusters: OrderedDict[str, KubeClient] = OrderedDict()
+        self._loads: SingleFlight[KubeClient] = SingleFlight()
+        self._retiring: set[asyncio.Task[None]] = set()
 
-    async def client_for(self, kyma_name: str) -> KubeClient:
+    def secret_name(self, runtime_id: str) -> str:
+        return self._pattern.format(runtime_id=runtime_id.lower())
+
+    async def client_for(self, runtime_id: str) -> KubeClient:
+        key = runtime_id.lower()
+        entry = self._entries.get(key)
+        if entry is not None and entry.expires > self._clock():
+            if entry.problem is not None:
+                raise entry.problem
+            assert entry.client is not None
+            return entry.client
+        return await self._loads.do(key, lambda: self._load(key, runtime_id))
+
+    async def _load(self, key: str, runtime_id: str) -> KubeClient:
         now = self._clock()
-        entry = self._clients.get(kyma_name)
-        if entry is not None and entry[0] > now:
-            self._clients.move_to_end(kyma_name)
-            return entry[1]
-        listing = await self._kcp.get(
-            f"/api/v1/namespaces/{self._namespace}/secrets",
-            params={"labelSelector": f"{LABEL_KYMA_NAME}={kyma_name}"},
-        )
-        items = listing.get("items") or []
-        data = next(
-            (
-                i.get("data", {}).get(KUBECONFIG_DATA_KEY)
-                for i in items
-                if (i.get("data") or {}).get(KUBECONFIG_DATA_KEY)
-            ),
-            None,
-        )
-        if not data:
+        try:
+            secret = await self._kcp.get_or_none(
+                f"/api/v1/namespaces/{self._namespace}/secrets/{self.secret_name(runtime_id)}"
+            )
+        except KubeError as exc:
+            raise ControlPlaneUnavailable(
+                "cannot read the runtime kubeconfig", retry_after=5
+            ) from exc
+        try:
+            access = self._access_from(secret)
+        except IdentityNotProven as exc:
+            self._entries[key] = _Entry(expires=now + NEGATIVE_SECONDS, problem=exc)
+            raise
+        except KubeconfigError as exc:
+            problem = RuntimeKubeconfigInvalid(
+                f"the runtime kubeconfig Secret is unusable ({exc.reason})", retry_after=60
+            )
+            self._entries[key] = _Entry(expires=now + NEGATIVE_SECONDS, problem=problem)
+            log.warning(
+                "runtime kubeconfig refused",
+                extra={"runtime_id": runtime_id, "reason": exc.reason},
+            )
+            if self._on_invalid is not None:
+                await self._on_invalid(runtime_id, f"{exc.reason}: {exc}")
+            raise problem from None
+        client = self._cluster_client(access)
+        self._entries[key] = _Entry(expires=now + self._ttl, client=client)
+        return client
+
+    def _access_from(self, secret: dict[str, object] | None) -> ClusterAccess:
+        data = secret.get("data") if isinstance(secret, dict) else None
+        encoded = data.get(KUBECONFIG_DATA_KEY) if isinstance(data, dict) else None
+        if not encoded:
             # Without the runtime's kubeconfig nothing can prove this runtime's identity.
             raise IdentityNotProven("no kubeconfig for this runtime in KCP", reason="no-kubeconfig")
         try:
-            access = access_from_kubeconfig_text(base64.b64decode(data).decode())
-        except (KubeconfigError, ValueError) as exc:
-            raise IdentityNotProven(
-                "the runtime kubeconfig is unusable", reason="bad-kubeconfig"
-            ) from exc
-        client = KubeClient(access, timeout=self._timeout, transport=self._transport)
-        if entry is not None:
-            await entry[1].aclose()
-        self._clients[kyma_name] = (now + self._ttl, client)
-        self._clients.move_to_end(kyma_name)
-        while len(self._clients) > self._max:
-            _, (_, old) = self._clients.popitem(last=False)
-            await old.aclose()
+            text = base64.b64decode(str(encoded), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            raise KubeconfigError(
+                "the Secret's config is not base64 text", reason="bad-base64"
+            ) from None
+        return access_from_untrusted_kubeconfig(text)
+
+    def _cluster_client(self, access: ClusterAccess) -> KubeClient:
+        key = cluster_key(access)
+        client = self._clusters.get(key)
+        if client is not None:
+            self._clusters.move_to_end(key)
+            return client
+        client = KubeClient(
+            access,
+            user_agent="compass-broker",
+            timeout=self._timeout,
+            max_connections=16,
+            transport=self._transport,
+        )
+        self._clusters[key] = client
+        while len(self._clusters) > self._max_clusters:
+            _, old = self._clusters.popitem(last=False)
+            self._retire(old)
         return client
 
-    async def aclose(self) -> None:
-        for _, client in self._clients.values():
+    def _retire(self, client: KubeClient) -> None:
+        async def close_later() -> None:
+            # A request that picked this client up just now ends within the timeout.
+            await asyncio.sleep(2 * self._timeout)
             await client.aclose()
-        self._clients.clear()
+
+        task = asyncio.create_task(close_later())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def aclose(self) -> None:
+        for task in list(self._retiring):
+            task.cancel()
+        for client in self._clusters.values():
+            await client.aclose()
+        self._clusters.clear()
+        self._entries.clear()

@@ -1,9 +1,19 @@
 """Carries out the registration decisions of `registration.state` against KCP and Director.
 
 Order that makes it exactly-once (see `state` for the invariants):
-claim the mapping → look up by our label (then compass-manager's) → register only when nothing
-is found → record the Compass runtime ID on the mapping (and release the claim) before anything
-else uses it. After a crash or a lost answer the next attempt finds the runtime by label.
+claim the mapping → register → record the Compass runtime ID on the mapping (and release the
+claim) before anything else uses it. Director is searched first (by our label, then by
+compass-manager's) only where an earlier attempt may have registered the runtime:
+
+- a mapping this flight *created* had no holder before us, and we register nothing without
+  holding the claim, so nobody can have registered this Kyma: no lookup (the hot path of a new
+  runtime costs exactly `registerRuntime`);
+- a mapping that existed without a Compass ID (compass-manager creates its mapping before it
+  registers; a broker that crashed or lost Director's answer leaves its claim) may have a
+  registration behind it: it is looked up before registering.
+
+The claim is renewed by its holder when it would expire before a Director call could end, so a
+slow Director never hands the claim to another replica in the middle of a registration.
 """
 
 from __future__ import annotations
@@ -11,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.models import RuntimeRegisterInput
@@ -23,17 +33,25 @@ from control_plane_broker.errors import (
     KymaIncomplete,
     RegistrationBusy,
 )
-from control_plane_broker.kube.client import Conflict, KubeError
 from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.model import KymaView
+from control_plane_broker.model import LABEL_SHOOT, KymaView
 from control_plane_broker.registration import naming, state
+from control_plane_broker.registration.state import Mapping
 from control_plane_broker.settings import Settings
+from control_plane_broker.singleflight import SingleFlight
+from kubeapi import Conflict, KubeError
 
 log = logging.getLogger(__name__)
 
-MAX_ROUNDS = 6
+MAX_ROUNDS = 8
 WAIT_FOR_OTHER_SECONDS = 3.0
+
+
+class MappingReader(Protocol):
+    """The watch-fed view of the mappings: may lag, never decides alone what gets written."""
+
+    def get(self, name: str) -> Mapping | None: ...
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,10 @@ class Registered:
     compass_id: str
     tenant: str
     outcome: str  # adopted | found | registered
+    labels: dict[str, str] | None = None  # the Director labels sent, when registered now
+
+
+Hook = Callable[[KymaView, str], None]
 
 
 class RegistrationService:
@@ -49,26 +71,46 @@ class RegistrationService:
         *,
         settings: Settings,
         repo: MappingRepository,
+        cache: MappingReader,
         director: DirectorClient,
         metrics: Metrics,
         me: str,
         clock: Callable[[], float],
-        crash: Callable[[], None] | None = None,
+        after_register: Hook | None = None,
     ) -> None:
         self._settings = settings
         self._repo = repo
+        self._cache = cache
         self._director = director
         self._metrics = metrics
         self._me = me
         self._clock = clock
-        self._crash = crash or (lambda: os._exit(70))
+        self._flights: SingleFlight[Registered] = SingleFlight()
+        # Tests use this to stop the process between Director and KCP (crash tests).
+        self._after_register = after_register
+
+    def known(self, kyma: KymaView) -> Registered | None:
+        """Registered already, by the watch-fed view: the token path needs nothing else."""
+        mapping = self._cache.get(kyma.name)
+        if mapping is None or mapping.deleting or not mapping.compass_id:
+            return None
+        return Registered(mapping.compass_id, mapping.tenant or kyma.tenant or "", "adopted")
 
     async def ensure_registered(self, kyma: KymaView) -> Registered:
         tenant = kyma.tenant
         if not tenant:
             raise KymaIncomplete("the Kyma has no global account label")
+        cached = self._cache.get(kyma.name)
+        if cached is not None and cached.deleting:
+            raise KymaDeleting("the runtime's mapping is being deleted")
+        if cached is not None and cached.compass_id:
+            return Registered(cached.compass_id, cached.tenant or tenant, "adopted")
+        # Concurrent requests of one runtime (and the reconciler) share one registration.
+        return await self._flights.do(kyma.name, lambda: self._guarded(kyma, tenant, cached))
+
+    async def _guarded(self, kyma: KymaView, tenant: str, cached: Mapping | None) -> Registered:
         try:
-            return await self._ensure(kyma, tenant)
+            return await self._ensure(kyma, tenant, cached)
         except Conflict as exc:
             raise RegistrationBusy("mapping changed concurrently", retry_after=1) from exc
         except KubeError as exc:
@@ -76,16 +118,13 @@ class RegistrationService:
                 "cannot read or write the mapping", retry_after=5
             ) from exc
 
-    async def _ensure(self, kyma: KymaView, tenant: str) -> Registered:
+    async def _ensure(self, kyma: KymaView, tenant: str, mapping: Mapping | None) -> Registered:
         s = self._settings
         wait_until = self._clock() + WAIT_FOR_OTHER_SECONDS
-        rounds = 0
-        while rounds < MAX_ROUNDS:
-            rounds += 1
-            mapping = await self._repo.get(kyma.name)
+        created_here = False  # this flight created the mapping: nobody registered before us
+        for _ in range(MAX_ROUNDS):
             now = self._clock()
-            decision = state.decide(mapping, me=self._me, now=now)
-            match decision:
+            match state.decide(mapping, me=self._me, now=now):
                 case state.Adopt(compass_id=compass_id):
                     return Registered(compass_id, (mapping and mapping.tenant) or tenant, "adopted")
                 case state.Refuse(reason=reason):
@@ -93,17 +132,15 @@ class RegistrationService:
                 case state.Wait(retry_after=retry_after):
                     # Another replica usually records within a second: wait a little for it
                     # rather than sending the agent away.
-                    if self._clock() < wait_until:
-                        rounds -= 1
-                        await asyncio.sleep(0.2)
-                        continue
-                    raise RegistrationBusy(
-                        "another replica is registering", retry_after=min(retry_after, 5.0)
-                    )
+                    if now >= wait_until:
+                        raise RegistrationBusy(
+                            "another replica is registering", retry_after=min(retry_after, 5.0)
+                        )
+                    await asyncio.sleep(0.2)
+                    mapping = await self._repo.get(kyma.name)
                 case state.CreateClaimed():
-                    # A Conflict means someone else created it: decide again on what is there.
-                    with contextlib.suppress(Conflict):
-                        await self._repo.create(
+                    try:
+                        mapping = await self._repo.create(
                             state.new_mapping(
                                 kyma,
                                 namespace=s.kcp_namespace,
@@ -112,59 +149,61 @@ class RegistrationService:
                                 claim_seconds=s.registration_claim_seconds,
                             )
                         )
+                        created_here = True
+                    except Conflict:  # someone else created it: decide again on what is there
+                        mapping = await self._repo.get(kyma.name)
                 case state.TakeClaim():
                     assert mapping is not None
-                    with contextlib.suppress(Conflict):  # lost the race: decide again
-                        await self._repo.replace(
-                            state.claimed(
-                                mapping,
-                                me=self._me,
-                                now=now,
-                                claim_seconds=s.registration_claim_seconds,
-                            )
-                        )
+                    try:
+                        mapping = await self._repo.replace(self._claim(mapping, now))
+                    except Conflict:  # lost the race, or our view was stale: decide again
+                        mapping = await self._repo.get(kyma.name)
                 case state.Proceed(claim_expires=claim_expires):
+                    assert mapping is not None
+                    budget = 3 * s.director_timeout_seconds + s.director_queue_timeout_seconds
+                    if not state.safe_to_register(
+                        claim_expires=claim_expires, now=now, call_budget=budget
+                    ):
+                        mapping = await self._repo.replace(self._claim(mapping, now))
+                        continue
                     compass_id, outcome, labels = await self._find_or_register(
-                        kyma, tenant, claim_expires
+                        kyma, tenant, lookup=not created_here
                     )
-                    await self._record(kyma.name, compass_id)
-                    if labels is not None:
-                        # What Director holds now, so the reconciler's label sync has
-                        # nothing to write for a runtime it has just seen registered.
-                        await self._repo.patch_status(kyma.name, {"directorLabels": labels})
+                    await self._record(mapping, compass_id)
                     self._metrics.registrations.labels(outcome).inc()
-                    return Registered(compass_id, tenant, outcome)
+                    return Registered(compass_id, tenant, outcome, labels)
         raise RegistrationBusy("registration did not settle", retry_after=1)
 
+    def _claim(self, mapping: Mapping, now: float) -> dict[str, object]:
+        return state.claimed(
+            mapping, me=self._me, now=now, claim_seconds=self._settings.registration_claim_seconds
+        )
+
     async def _find_or_register(
-        self, kyma: KymaView, tenant: str, claim_expires: float
+        self, kyma: KymaView, tenant: str, *, lookup: bool
     ) -> tuple[str, str, dict[str, str] | None]:
         """The Compass runtime ID, how it was obtained, and the labels sent if registered."""
         s = self._settings
-        ours = await self._director.runtimes_by_label(
-            tenant=tenant, key=s.runtime_id_label, value=kyma.runtime_id
-        )
-        legacy = []
-        shoot = kyma.labels.get("kyma-project.io/shoot-name")
-        if not ours and shoot:
-            legacy = await self._director.runtimes_by_label(
-                tenant=tenant, key="gardenerClusterName", value=shoot
+        shoot = kyma.labels.get(LABEL_SHOOT)
+        if lookup:
+            ours = await self._director.runtimes_by_label(
+                tenant=tenant, key=s.runtime_id_label, value=kyma.runtime_id
             )
-        match state.after_lookup([r.id for r in ours], [r.id for r in legacy]):
-            case state.Record(compass_id=compass_id, duplicates=duplicates):
-                if duplicates:
-                    log.warning(
-                        "several Director runtimes for one Kyma; using the first",
-                        extra={"kyma": kyma.name, "compass_ids": list(duplicates)},
-                    )
-                return compass_id, "found", None
-            case state.Register():
-                pass
-        budget = 3 * s.director_timeout_seconds + s.director_queue_timeout_seconds
-        if not state.safe_to_register(
-            claim_expires=claim_expires, now=self._clock(), call_budget=budget
-        ):
-            raise RegistrationBusy("claim too close to expiry", retry_after=1)
+            legacy = []
+            if not ours and shoot:
+                legacy = await self._director.runtimes_by_label(
+                    tenant=tenant, key="gardenerClusterName", value=shoot
+                )
+            match state.after_lookup([r.id for r in ours], [r.id for r in legacy]):
+                case state.Record(compass_id=compass_id, duplicates=duplicates):
+                    if duplicates:
+                        log.warning(
+                            "several Director runtimes for one Kyma; using the first",
+                            extra={"kyma": kyma.name, "compass_ids": list(duplicates)},
+                        )
+                    return compass_id, "found", None
+                case state.Register():
+                    pass
         labels = naming.director_labels(
             kyma, managed_by=s.managed_by_label_value, runtime_id_label=s.runtime_id_label
         )
@@ -177,25 +216,24 @@ class RegistrationService:
         log.info(
             "registered runtime in Director", extra={"kyma": kyma.name, "compass_id": runtime.id}
         )
-        if s.test_crash_point == "after-register":
-            self._crash()
+        if self._after_register is not None:
+            self._after_register(kyma, runtime.id)
         return runtime.id, "registered", labels
 
-    async def _record(self, name: str, compass_id: str) -> None:
+    async def _record(self, mapping: Mapping, compass_id: str) -> None:
+        current: Mapping | None = mapping
         for _ in range(MAX_ROUNDS):
-            mapping = await self._repo.get(name)
-            if mapping is None:
+            if current is None:
                 raise RegistrationBusy("mapping vanished while registering", retry_after=1)
-            if mapping.compass_id:
-                if mapping.compass_id != compass_id:
+            if current.compass_id:
+                if current.compass_id != compass_id:
                     log.warning(
                         "mapping already records another Compass runtime",
-                        extra={"kyma": name, "compass_id": mapping.compass_id},
+                        extra={"kyma": current.name, "compass_id": current.compass_id},
                     )
                 return
-            try:
-                await self._repo.replace(state.recorded(mapping, compass_id=compass_id))
-            except Conflict:
-                continue
-            return
+            with contextlib.suppress(Conflict):
+                await self._repo.replace(state.recorded(current, compass_id=compass_id))
+                return
+            current = await self._repo.get(mapping.name)
         raise RegistrationBusy("could not record the registration", retry_after=1)

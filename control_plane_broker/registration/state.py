@@ -20,6 +20,8 @@ from control_plane_broker.model import (
     LABEL_COMPASS_ID,
     LABEL_GLOBAL_ACCOUNT,
     LABEL_KYMA_NAME,
+    LABEL_RUNTIME_ID,
+    LABEL_SHOOT,
     LABEL_SUBACCOUNT,
     MAPPING_VERSION,
     KymaView,
@@ -57,6 +59,8 @@ class Mapping:
     finalizers: tuple[str, ...]
     director_labels: dict[str, str]
     tenant: str | None
+    runtime_id: str | None  # as written on the Kyma (case kept): Director's label holds it so
+    shoot: str | None  # compass-manager's registrations are found by gardenerClusterName
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -77,6 +81,8 @@ class Mapping:
                 str(k): str(v) for k, v in (status.get("directorLabels") or {}).items()
             },
             tenant=labels.get(LABEL_GLOBAL_ACCOUNT) or None,
+            runtime_id=labels.get(LABEL_RUNTIME_ID) or None,
+            shoot=labels.get(LABEL_SHOOT) or None,
             raw=obj,
         )
 
@@ -122,10 +128,11 @@ Decision = Adopt | CreateClaimed | TakeClaim | Wait | Proceed | Refuse
 def decide(mapping: Mapping | None, *, me: str, now: float) -> Decision:
     if mapping is None:
         return CreateClaimed()
+    if mapping.deleting:
+        # Being unregistered: no token may go out for a runtime that is on its way out.
+        return Refuse("mapping is being deleted")
     if mapping.compass_id:
         return Adopt(mapping.compass_id)
-    if mapping.deleting:
-        return Refuse("mapping is being deleted")
     expires = mapping.claim_expires or 0.0
     if mapping.claim_holder and expires > now:
         if mapping.claim_holder == me:
@@ -184,7 +191,9 @@ def new_mapping(
 
 def _labels(kyma: KymaView) -> dict[str, str]:
     labels = {LABEL_KYMA_NAME: kyma.name}
-    for key in (LABEL_GLOBAL_ACCOUNT, LABEL_SUBACCOUNT):
+    # Runtime ID and shoot name as the Kyma had them: after a crash between registering and
+    # recording, the sweep finds the Director runtime by them even once the Kyma is gone.
+    for key in (LABEL_GLOBAL_ACCOUNT, LABEL_SUBACCOUNT, LABEL_RUNTIME_ID, LABEL_SHOOT):
         if kyma.labels.get(key):
             labels[key] = kyma.labels[key]
     return labels

@@ -186,6 +186,9 @@ def seed_runtime(
 # --- the broker process ------------------------------------------------------------------------
 
 
+CRASH_AFTER_REGISTER = "TEST_BROKER_CRASH_AFTER_REGISTER"
+
+
 @dataclass
 class Broker:
     env: dict[str, str]
@@ -200,8 +203,15 @@ class Broker:
 
     def start(self, *, wait_ready: bool = True, timeout: float = 30.0) -> Broker:
         self.port = 0
+        # A broker that must crash between registering and recording runs the test-only
+        # entry point (tests/integration/broker/crashing_broker.py); the real one otherwise.
+        module = (
+            "tests.integration.broker.crashing_broker"
+            if self.env.get(CRASH_AFTER_REGISTER)
+            else "control_plane_broker"
+        )
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "control_plane_broker"],
+            [sys.executable, "-m", module],
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -372,7 +372,7 @@ def test_crash_between_register_and_record_then_restart_no_duplicate(
         "BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS": "0.5",
         "BROKER_REGISTRATION_CLAIM_SECONDS": "5",
     }
-    crashing = brokers(BROKER_TEST_CRASH_POINT="after-register", **fast)
+    crashing = brokers(TEST_BROKER_CRASH_AFTER_REGISTER="1", **fast)
     with pytest.raises(httpx.TransportError):
         crashing.request_token(rt_a.runtime_id, rt_a.token())
     assert crashing.wait_exit() == 70

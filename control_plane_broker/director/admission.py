@@ -1,0 +1,96 @@
+"""Admission to Director's capacity: a booking calendar instead of a queue that collapses.
+
+Director serves `capacity` calls at a time and each takes about `latency` seconds (measured).
+A request that needs k Director calls books k·latency/capacity seconds of that capacity right
+after everything booked before it. When its turn comes within `max_wait` it is admitted and
+queues for a slot; otherwise it is deferred: answered 503 with `Retry-After` = the time until
+its turn, and its booking is kept as a ticket under the runtime's key. When the agent comes back
+at that time its capacity is still reserved, so it is admitted instead of booking again.
+
+What this buys: after an outage or a restart the whole fleet asks at once; instead of thousands
+of requests waiting in one queue until they time out (and asking again, and again), each agent
+is told when to come back, and the fleet arrives spread over exactly the time Director needs.
+
+Holds: pure (the clock is an argument); no request waits longer than `max_wait` for its turn by
+the estimate; a key holds at most one ticket; tickets expire, so agents that never come back do
+not hold capacity forever; memory is bounded by the number of distinct keys with a ticket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Admitted:
+    pass
+
+
+@dataclass(frozen=True)
+class Deferred:
+    retry_after: float  # seconds until the booked turn
+
+
+Verdict = Admitted | Deferred
+
+
+@dataclass
+class _Ticket:
+    turn: float  # when the booked capacity starts
+    expires: float
+
+
+@dataclass
+class Calendar:
+    capacity: int
+    max_wait: float
+    latency: float = 0.1  # seconds per Director call: a first guess, replaced by measurements
+    ticket_grace: float = 60.0  # how late after its turn a ticket is still honoured
+    smoothing: float = 0.2  # weight of a new latency measurement (EWMA)
+    max_latency: float = 30.0  # a hung call must not push bookings into the next hour
+    booked_until: float = 0.0
+    _tickets: dict[str, _Ticket] = field(default_factory=dict)
+
+    def seconds_per_call(self) -> float:
+        return self.latency / max(self.capacity, 1)
+
+    def book(self, key: str, *, calls: int, now: float, queued_calls: int = 0) -> Verdict:
+        """Admit a request of `calls` Director calls for `key` now, or tell it when to return.
+
+        `queued_calls` is what really waits for a slot at this moment: the calendar never
+        believes Director to be freer than the queue in front of it shows."""
+        ticket = self._tickets.get(key)
+        if ticket is not None:
+            if now > ticket.expires:
+                del self._tickets[key]
+            elif ticket.turn - now <= self.max_wait:
+                del self._tickets[key]  # its capacity was booked when it was deferred
+                return Admitted()
+            else:
+                return Deferred(retry_after=ticket.turn - now)
+        cost = calls * self.seconds_per_call()
+        turn = max(self.booked_until, now + queued_calls * self.seconds_per_call())
+        self.booked_until = turn + cost
+        wait = turn - now
+        if wait <= self.max_wait:
+            return Admitted()
+        self._tickets[key] = _Ticket(turn=turn, expires=turn + self.ticket_grace)
+        if len(self._tickets) > 4 * 1024 and len(self._tickets) % 1024 == 0:
+            self._expire(now)
+        return Deferred(retry_after=wait)
+
+    def cancel(self, key: str) -> None:
+        """The request will not need its booking (e.g. refused later for another reason)."""
+        self._tickets.pop(key, None)
+
+    def observe(self, seconds: float) -> None:
+        """A Director call took `seconds`: the estimate follows what Director really does."""
+        sample = min(max(seconds, 0.0), self.max_latency)
+        self.latency += self.smoothing * (sample - self.latency)
+
+    def tickets(self) -> int:
+        return len(self._tickets)
+
+    def _expire(self, now: float) -> None:
+        for key in [k for k, t in self._tickets.items() if now > t.expires]:
+            del self._tickets[key]
