@@ -169,7 +169,7 @@ class RegistrationService:
                     compass_id, outcome, labels = await self._find_or_register(
                         kyma, tenant, lookup=not created_here
                     )
-                    await self._record(mapping, compass_id)
+                    await self._record(mapping, compass_id, labels)
                     self._metrics.registrations.labels(outcome).inc()
                     return Registered(compass_id, tenant, outcome, labels)
         raise RegistrationBusy("registration did not settle", retry_after=1)
@@ -220,7 +220,9 @@ class RegistrationService:
             self._after_register(kyma, runtime.id)
         return runtime.id, "registered", labels
 
-    async def _record(self, mapping: Mapping, compass_id: str) -> None:
+    async def _record(
+        self, mapping: Mapping, compass_id: str, labels: dict[str, str] | None
+    ) -> None:
         current: Mapping | None = mapping
         for _ in range(MAX_ROUNDS):
             if current is None:
@@ -233,7 +235,9 @@ class RegistrationService:
                     )
                 return
             with contextlib.suppress(Conflict):
-                await self._repo.replace(state.recorded(current, compass_id=compass_id))
+                await self._repo.replace(
+                    state.recorded(current, compass_id=compass_id, director_labels=labels)
+                )
                 return
             current = await self._repo.get(mapping.name)
         raise RegistrationBusy("could not record the registration", retry_after=1)

@@ -11,6 +11,7 @@ What always holds:
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +31,10 @@ from control_plane_broker.model import (
 FINALIZER = "kyma-project.io/cm-protection"
 ANNOTATION_HOLDER = "compass-broker.kyma-project.io/claim-holder"
 ANNOTATION_EXPIRES = "compass-broker.kyma-project.io/claim-expires"
+# The Director labels sent with registerRuntime, written in the same update that records the
+# Compass ID: the reconciler, woken by that very update, must not find them missing and write
+# them again (status.directorLabels follows in a separate write and wins once it is there).
+ANNOTATION_REGISTERED_LABELS = "compass-broker.kyma-project.io/registered-labels"
 KIND = "CompassManagerMapping"
 
 
@@ -77,14 +82,24 @@ class Mapping:
             claim_expires=from_rfc3339(annotations.get(ANNOTATION_EXPIRES)),
             deleting=bool(meta.get("deletionTimestamp")),
             finalizers=tuple(meta.get("finalizers") or ()),
-            director_labels={
-                str(k): str(v) for k, v in (status.get("directorLabels") or {}).items()
-            },
+            director_labels=_director_labels(status, annotations),
             tenant=labels.get(LABEL_GLOBAL_ACCOUNT) or None,
             runtime_id=labels.get(LABEL_RUNTIME_ID) or None,
             shoot=labels.get(LABEL_SHOOT) or None,
             raw=obj,
         )
+
+
+def _director_labels(status: dict[str, Any], annotations: dict[str, Any]) -> dict[str, str]:
+    recorded = status.get("directorLabels")
+    if not isinstance(recorded, dict):
+        try:
+            recorded = json.loads(str(annotations.get(ANNOTATION_REGISTERED_LABELS) or "{}"))
+        except ValueError:
+            recorded = {}
+    if not isinstance(recorded, dict):
+        return {}
+    return {str(k): str(v) for k, v in recorded.items()}
 
 
 # --- decisions -----------------------------------------------------------------------------
@@ -213,8 +228,11 @@ def claimed(mapping: Mapping, *, me: str, now: float, claim_seconds: float) -> d
     return obj
 
 
-def recorded(mapping: Mapping, *, compass_id: str) -> dict[str, Any]:
-    """The mapping with the Compass runtime ID recorded and the claim released."""
+def recorded(
+    mapping: Mapping, *, compass_id: str, director_labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The mapping with the Compass runtime ID recorded and the claim released (and the
+    Director labels sent, when this broker registered it)."""
     obj = copy.deepcopy(mapping.raw)
     meta = obj.setdefault("metadata", {})
     labels = dict(meta.get("labels") or {})
@@ -223,6 +241,8 @@ def recorded(mapping: Mapping, *, compass_id: str) -> dict[str, Any]:
     annotations = dict(meta.get("annotations") or {})
     annotations.pop(ANNOTATION_HOLDER, None)
     annotations.pop(ANNOTATION_EXPIRES, None)
+    if director_labels is not None:
+        annotations[ANNOTATION_REGISTERED_LABELS] = json.dumps(director_labels, sort_keys=True)
     meta["annotations"] = annotations
     return obj
 

@@ -224,8 +224,12 @@ def test_unknown_runtime_malformed_id_module_off_and_deleting(
 ) -> None:
     off = seed_runtime(control_plane, kcp_ns, runtime_a, modules=())
     broker = brokers()
-    r = broker.request_token("0b5d2a6e-0000-4000-8000-00000000dead", rt_a.token())
-    assert (r.status_code, problem_type(r)) == (404, "runtime-not-found")
+    # Who cannot prove to be a runtime learns nothing about it: an unknown runtime ID and a
+    # known one with a proof that does not hold get the same answer.
+    unknown = broker.request_token("0b5d2a6e-0000-4000-8000-00000000dead", rt_a.token())
+    assert (unknown.status_code, problem_type(unknown)) == (401, "identity-not-proven")
+    forged = broker.request_token(rt_a.runtime_id, "not-a-token")
+    assert (forged.status_code, problem_type(forged)) == (401, "identity-not-proven")
     r = broker.request_token('x"}},{"key', rt_a.token())
     assert r.status_code in (400, 404)  # 404 when the router already refuses the path
     r = broker.request_token("a" * 64, rt_a.token())
@@ -258,6 +262,15 @@ def test_unknown_runtime_malformed_id_module_off_and_deleting(
     )
     assert problem_type(r) == "kyma-deleting"
     rt_a.patch_kyma({"metadata": {"finalizers": []}})
+    # The runtime still proves who it is (its kubeconfig Secret is there), so it learns why.
+    r = wait_for(
+        lambda: (
+            (resp := broker.request_token(rt_a.runtime_id, rt_a.token())).status_code == 404
+            and resp
+        ),
+        what="a proven runtime without a Kyma to get 404",
+    )
+    assert problem_type(r) == "runtime-not-found"
 
 
 def test_per_runtime_rate_limit_gives_429_with_retry_after(
@@ -360,7 +373,9 @@ def test_two_brokers_fifty_concurrent_requests_one_registration(
     assert statuses.count(201) == 50, statuses
     assert attempts(sim, "registerRuntime") == 1
     assert len(director_runtimes(sim, rt_a.tenant)) == 1
-    assert attempts(sim, "requestOneTimeTokenForRuntime") <= 2  # one flight per process
+    # One registration, shared; but a one-time token is for one caller only: each got its own.
+    assert attempts(sim, "requestOneTimeTokenForRuntime") == 50
+    assert len({r.json()["token"] for r in responses}) == 50
     assert len({r.json()["compassRuntimeID"] for r in responses}) == 1
 
 
