@@ -14,7 +14,7 @@ from graphql import build_schema, parse, validate
 
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director import documents
-from control_plane_broker.director.client import DirectorClient
+from control_plane_broker.director.client import MAX_PAGES, DirectorClient
 from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.models import RuntimeRegisterInput
@@ -22,10 +22,12 @@ from control_plane_broker.director.oauth import OAuthTokenSource, refresh_at
 from control_plane_broker.errors import CompassUnavailable
 from control_plane_broker.settings import DirectorCredentials, load_director_credentials
 from control_plane_broker.singleflight import SingleFlight
+from tests.unit.broker.conditions import until
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = REPO_ROOT.parent / "shared" / "compass-api" / "director.graphql"
 CREDS = DirectorCredentials("cid", "csecret", "https://oauth.test/oauth/token")
+EMPTY_PAGE = {"pageInfo": {"hasNextPage": False, "endCursor": None}, "data": []}
 
 
 class Clock:
@@ -97,7 +99,7 @@ async def test_token_cached_and_tenant_header_sent() -> None:
             {
                 "requestOneTimeTokenForRuntime": {
                     "token": "ott",
-                    "connectorURL": "c",
+                    "connectorURL": "https://connector.test/graphql",
                     "used": False,
                     "expiresAt": "t",
                 }
@@ -114,7 +116,16 @@ async def test_token_cached_and_tenant_header_sent() -> None:
     assert fake.calls[0]["variables"] == {"id": "r1"}
     # refreshed before expiry: at 300 s lifetime the margin is 60 s
     clock.now += 241
-    fake.answers = [ok({"requestOneTimeTokenForRuntime": {"token": "o", "connectorURL": "c"}})]
+    fake.answers = [
+        ok(
+            {
+                "requestOneTimeTokenForRuntime": {
+                    "token": "o",
+                    "connectorURL": "https://connector.test/graphql",
+                }
+            }
+        )
+    ]
     await client.request_one_time_token(tenant="ga-1", runtime_id="r1")
     assert fake.oauth_calls == 2
     await http.aclose()
@@ -163,17 +174,17 @@ async def test_breaker_opens_and_makes_no_call_until_probe() -> None:
     fake.answers = [httpx.Response(502), httpx.Response(502)]
     for _ in range(2):
         with pytest.raises(DirectorRetryable):
-            await client.runtime(tenant="t", runtime_id="r")
+            await client.unregister_runtime(tenant="t", runtime_id="r")
     assert guard.state is cb.State.OPEN
     sent = len(fake.calls)
     with pytest.raises(CompassUnavailable) as info:
-        await client.runtime(tenant="t", runtime_id="r")
+        await client.unregister_runtime(tenant="t", runtime_id="r")
     assert not isinstance(info.value, DirectorRetryable)
     assert info.value.retry_after == pytest.approx(10)
     assert len(fake.calls) == sent  # nothing left the process
     clock.now += 10
-    fake.answers = [ok({"runtime": None})]
-    assert await client.runtime(tenant="t", runtime_id="r") is None
+    fake.answers = [ok({"unregisterRuntime": {"id": "r"}})]
+    assert await client.unregister_runtime(tenant="t", runtime_id="r") is True
     assert guard.state is cb.State.CLOSED
     await http.aclose()
 
@@ -183,7 +194,7 @@ async def test_permanent_errors_do_not_open_the_breaker() -> None:
     client, guard, http = make(fake, clock, threshold=1)
     fake.answers = [gql_error(22)]
     with pytest.raises(DirectorPermanent):
-        await client.runtime(tenant="t", runtime_id="r")
+        await client.unregister_runtime(tenant="t", runtime_id="r")
     assert guard.state is cb.State.CLOSED
     await http.aclose()
 
@@ -200,7 +211,7 @@ async def test_concurrency_limit_bounds_calls_in_flight() -> None:
         peak = max(peak, in_flight)
         await release.wait()
         in_flight -= 1
-        return ok({"runtime": None})
+        return ok({"runtimes": EMPTY_PAGE})
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     guard = DirectorGuard(
@@ -211,7 +222,10 @@ async def test_concurrency_limit_bounds_calls_in_flight() -> None:
     )
     oauth = OAuthTokenSource(http, CREDS, scope="s", clock=Clock())
     client = DirectorClient(http=http, url="https://d/graphql", oauth=oauth, guard=guard)
-    tasks = [asyncio.create_task(client.runtime(tenant="t", runtime_id="r")) for _ in range(6)]
+    tasks = [
+        asyncio.create_task(client.runtimes_by_label(tenant="t", key="k", value="v"))
+        for _ in range(6)
+    ]
     await asyncio.sleep(0.1)
     assert peak == 2
     release.set()
@@ -373,4 +387,155 @@ async def test_callers_waiting_for_a_failed_oauth_fetch_share_its_failure() -> N
     answer = 200
     assert await source.token() == "a"
     assert calls == 2
+    await http.aclose()
+
+
+# --- Director's answers are input: validated at the edge -------------------------------------
+
+
+def _page(data: object, *, more: bool = False, cursor: str | None = None) -> dict[str, Any]:
+    return {"runtimes": {"pageInfo": {"hasNextPage": more, "endCursor": cursor}, "data": data}}
+
+
+def _ott(token: object, url: object = "https://connector.test/graphql") -> dict[str, Any]:
+    return {"requestOneTimeTokenForRuntime": {"token": token, "connectorURL": url}}
+
+
+async def _call(client: DirectorClient, operation: str) -> object:
+    if operation == "runtimes":
+        return await client.runtimes_by_label(tenant="t", key="k", value="v")
+    if operation == "registerRuntime":
+        return await client.register_runtime(tenant="t", spec=RuntimeRegisterInput(name="n"))
+    return await client.request_one_time_token(tenant="t", runtime_id="r")
+
+
+@pytest.mark.parametrize(
+    ("operation", "data"),
+    [
+        ("runtimes", {"runtimes": "garbage"}),
+        ("runtimes", {"runtimes": None}),
+        ("runtimes", {}),
+        ("runtimes", _page(5)),
+        ("runtimes", _page([{"id": "a"}])),  # no name
+        ("runtimes", _page([{"id": "has space", "name": "n"}])),  # not label-safe
+        ("runtimes", {"runtimes": {"data": []}}),  # no pageInfo
+        ("registerRuntime", {"registerRuntime": {"id": "-leading", "name": "n"}}),
+        ("registerRuntime", {"registerRuntime": {"id": "a" * 64, "name": "n"}}),
+        ("registerRuntime", {"registerRuntime": {"id": 'a"}', "name": "n"}}),
+        ("registerRuntime", {"registerRuntime": None}),
+        ("requestOneTimeTokenForRuntime", _ott("line\nbreak")),
+        ("requestOneTimeTokenForRuntime", _ott("tab\tinside")),
+        ("requestOneTimeTokenForRuntime", _ott("")),
+        ("requestOneTimeTokenForRuntime", _ott(None)),
+        ("requestOneTimeTokenForRuntime", _ott("x" * 8193)),
+        ("requestOneTimeTokenForRuntime", _ott("ott", url="file:///etc/passwd")),
+        ("requestOneTimeTokenForRuntime", _ott("ott", url="https://c.test/a b")),
+        ("requestOneTimeTokenForRuntime", {"requestOneTimeTokenForRuntime": []}),
+    ],
+)
+async def test_malformed_answers_are_compass_rejected(operation: str, data: object) -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, guard, http = make(fake, clock, threshold=1)
+    fake.answers = [httpx.Response(200, json={"data": data})]
+    with pytest.raises(DirectorPermanent) as info:
+        await _call(client, operation)
+    assert info.value.status == 502
+    assert info.value.slug == "compass-rejected"
+    assert str(info.value) == f"{operation}: unexpected answer from Director"
+    assert "line\nbreak" not in str(info.value)
+    assert guard.state is cb.State.CLOSED  # Director answered: not an outage
+    await http.aclose()
+
+
+@pytest.mark.parametrize(
+    "errors",
+    ["boom", {"message": "x"}, 5, [1, 2], [{"message": {"nested": True}}], [None]],
+)
+async def test_a_malformed_errors_list_is_compass_rejected(errors: object) -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    fake.answers = [httpx.Response(200, json={"data": None, "errors": errors})]
+    with pytest.raises(DirectorPermanent, match="malformed GraphQL error") as info:
+        await client.unregister_runtime(tenant="t", runtime_id="r")
+    assert info.value.status == 502
+    await http.aclose()
+
+
+async def test_well_formed_answers_pass_the_edge() -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    uuid = "8f0e2b6c-1234-4abc-9def-0123456789ab"
+    fake.answers = [
+        ok({"registerRuntime": {"id": uuid, "name": "n", "labels": {"k": ["v"]}}}),
+        ok(_ott("eyJ.x-y_z~", url="https://connector.test/graphql?x=1")),
+    ]
+    runtime = await client.register_runtime(tenant="t", spec=RuntimeRegisterInput(name="n"))
+    assert runtime.id == uuid
+    ott = await client.request_one_time_token(tenant="t", runtime_id=uuid)
+    assert (ott.token, ott.connector_url) == ("eyJ.x-y_z~", "https://connector.test/graphql?x=1")
+    await http.aclose()
+
+
+async def test_paging_is_bounded() -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    fake.answers = [
+        ok(_page([{"id": f"r{i}", "name": "n"}], more=True, cursor=f"c{i}"))
+        for i in range(MAX_PAGES + 1)
+    ]
+    with pytest.raises(DirectorPermanent, match="more pages"):
+        await client.runtimes_by_label(tenant="t", key="k", value="v")
+    assert len(fake.calls) == MAX_PAGES  # stopped asking, did not follow Director forever
+    await http.aclose()
+
+
+async def test_a_page_claiming_more_without_a_cursor_ends_the_listing() -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    fake.answers = [ok(_page([{"id": "a", "name": "n"}], more=True, cursor=None))]
+    found = await client.runtimes_by_label(tenant="t", key="k", value="v")
+    assert [r.id for r in found] == ["a"]
+    assert len(fake.calls) == 1
+    await http.aclose()
+
+
+async def test_follow_up_token_request_goes_before_waiting_first_calls() -> None:
+    """The token after a registration already holds Director's attention: it takes the next
+    free slot before requests that have not started yet."""
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/oauth/token":
+            return httpx.Response(200, json={"access_token": "a", "expires_in": 300})
+        body = json.loads(request.content)
+        name = body["variables"].get("id") or body["variables"]["filter"][0]["query"]
+        order.append(str(name))
+        if name == "holder":
+            await release.wait()
+        if "requestOneTimeToken" in body["query"]:
+            return ok(_ott("ott"))
+        if "unregisterRuntime" in body["query"]:
+            return ok({"unregisterRuntime": {"id": "x"}})
+        return ok({"runtimes": EMPTY_PAGE})
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    guard = DirectorGuard(
+        policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=10),
+        max_concurrency=1,
+        queue_timeout=5,
+        clock=Clock(),
+    )
+    oauth = OAuthTokenSource(http, CREDS, scope="s", clock=Clock())
+    client = DirectorClient(http=http, url="https://d/graphql", oauth=oauth, guard=guard)
+    holder = asyncio.create_task(client.unregister_runtime(tenant="t", runtime_id="holder"))
+    await until(lambda: order == ["holder"], what="the holder's call")
+    first = asyncio.create_task(client.runtimes_by_label(tenant="t", key="k", value="first"))
+    follow = asyncio.create_task(
+        client.request_one_time_token(tenant="t", runtime_id="follow", follow_up=True)
+    )
+    await until(lambda: guard._slots.waiting == 2, what="both calls queued behind the holder")
+    release.set()
+    await asyncio.gather(holder, first, follow)
+    assert order == ["holder", "follow", '"first"']
     await http.aclose()

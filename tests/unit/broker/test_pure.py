@@ -1,5 +1,5 @@
 """Table-driven tests of the broker's pure decisions: breaker, rate limit, claims, naming,
-transitions, policy, problems, XFCC parsing, error classification, reconcile plan, lease."""
+transitions, policy, problems, XFCC parsing, error classification, reconcile plan."""
 
 from __future__ import annotations
 
@@ -18,14 +18,13 @@ from control_plane_broker.director.errors import (
     classify,
 )
 from control_plane_broker.identity import claims, xfcc
-from control_plane_broker.kube.lease import lease_free
 from control_plane_broker.logs import redact
 from control_plane_broker.model import KymaView
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import BucketPolicy, take
-from control_plane_broker.reconciler import Nothing, Requeue, SyncLabels, Unregister, backoff, plan
+from control_plane_broker.reconciler import Nothing, Requeue, SyncLabels, Unregister, plan
 from control_plane_broker.registration import naming, state
-from control_plane_broker.retry import retry_after_seconds
+from control_plane_broker.retry import backoff, retry_after_seconds
 
 POLICY = cb.BreakerPolicy(failure_threshold=3, open_seconds=10.0)
 
@@ -68,6 +67,25 @@ def test_breaker_half_open_admits_exactly_one_probe(probe_ok: bool, end_state: c
     assert b.state is end_state
     if not probe_ok:
         assert b.opened_at == 11.0  # the timer restarts
+
+
+@pytest.mark.parametrize(
+    ("breaker", "now", "refused"),
+    [
+        (cb.Breaker(), 0.0, False),
+        (cb.Breaker(failures=2), 0.0, False),
+        (cb.Breaker(state=cb.State.OPEN, opened_at=100.0), 105.0, True),
+        (cb.Breaker(state=cb.State.OPEN, opened_at=100.0), 110.0, False),  # the probe's turn
+        (cb.Breaker(state=cb.State.HALF_OPEN, probe_in_flight=True), 0.0, True),
+        (cb.Breaker(state=cb.State.HALF_OPEN, probe_in_flight=False), 0.0, False),
+    ],
+)
+def test_would_refuse_answers_like_admit_without_changing_anything(
+    breaker: cb.Breaker, now: float, refused: bool
+) -> None:
+    assert cb.would_refuse(breaker, POLICY, now) is refused
+    _, admission = cb.admit(breaker, POLICY, now)
+    assert admission.allowed is not refused
 
 
 def test_breaker_released_probe_lets_the_next_caller_probe() -> None:
@@ -292,6 +310,8 @@ def _mapping(
         finalizers=(state.FINALIZER,),
         director_labels={},
         tenant="ga",
+        runtime_id="RT-1",
+        shoot="c-1",
         raw={"metadata": {"name": "rt-1", "resourceVersion": "7"}},
     )
 
@@ -303,6 +323,8 @@ def _mapping(
         (_mapping(compass_id="c-1"), state.Adopt("c-1")),
         (_mapping(compass_id="c-1", holder="other", expires=200), state.Adopt("c-1")),
         (_mapping(deleting=True), state.Refuse("mapping is being deleted")),
+        # Recorded but on its way out: no token goes to a runtime being unregistered.
+        (_mapping(compass_id="c-1", deleting=True), state.Refuse("mapping is being deleted")),
         (_mapping(holder="other", expires=130), state.Wait(retry_after=30)),
         (_mapping(holder="me", expires=130), state.Proceed(claim_expires=130)),
         (_mapping(holder="other", expires=90), state.TakeClaim("7")),
@@ -333,11 +355,22 @@ def test_safe_to_register_needs_claim_time_for_the_call() -> None:
 
 
 def test_mapping_round_trip_claim_and_record() -> None:
-    kyma = _kyma(**{"kyma-project.io/global-account-id": "ga"})
+    kyma = _kyma(
+        **{
+            "kyma-project.io/global-account-id": "ga",
+            "kyma-project.io/runtime-id": "RT-1",
+            "kyma-project.io/shoot-name": "c-1",
+        }
+    )
     obj = state.new_mapping(kyma, namespace="kcp-system", me="me", now=0, claim_seconds=60)
     obj["metadata"]["resourceVersion"] = "1"
     m = state.Mapping.from_object(obj)
     assert (m.claim_holder, m.claim_expires, m.compass_id, m.tenant) == ("me", 60.0, None, "ga")
+    # Kept as the Kyma had them (case too): the sweep finds a crashed registration by them
+    # in Director even after the Kyma is gone.
+    assert (m.runtime_id, m.shoot) == ("RT-1", "c-1")
+    assert obj["metadata"]["labels"]["kyma-project.io/runtime-id"] == "RT-1"
+    assert obj["metadata"]["labels"]["kyma-project.io/shoot-name"] == "c-1"
     assert state.FINALIZER in m.finalizers
     rec = state.Mapping.from_object(state.recorded(m, compass_id="c-9"))
     assert rec.compass_id == "c-9"
@@ -433,7 +466,24 @@ def test_token_policy(kyma: KymaView | None, required: bool, error: type[Excepti
 # --- problems ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cls", errors.ALL_ERRORS)
+def _concrete_errors() -> list[type[errors.BrokerError]]:
+    """Every error class the broker defines below the three roots: a new one is covered
+    without being listed anywhere."""
+    roots = {errors.BrokerError, errors.TemporaryError, errors.PermanentError}
+    return sorted(
+        (
+            c
+            for c in vars(errors).values()
+            if isinstance(c, type) and issubclass(c, errors.BrokerError) and c not in roots
+        ),
+        key=lambda c: c.__name__,
+    )
+
+
+ERRORS = _concrete_errors()
+
+
+@pytest.mark.parametrize("cls", ERRORS, ids=lambda c: c.__name__)
 def test_every_error_maps_to_one_status_and_type(cls: type[errors.BrokerError]) -> None:
     if issubclass(cls, errors.IdentityNotProven | errors.IdentityForbidden):
         exc: errors.BrokerError = cls("m", reason="r")
@@ -445,15 +495,19 @@ def test_every_error_maps_to_one_status_and_type(cls: type[errors.BrokerError]) 
     assert p.status == cls.status
     assert p.body["type"] == TYPE_PREFIX + cls.slug
     assert p.body["status"] == cls.status
+    assert p.status != 500  # never a bare 500, also not for a bug
     if cls.status in (429, 503):
-        assert p.headers["Retry-After"] == "4"  # ceil(2.0 + 0.5*3)
+        assert issubclass(cls, errors.TemporaryError)
+        spread = cls.spread  # type: ignore[attr-defined]
+        # ceil(2.0 + 0.5*3) with jitter; exactly the booked 2 s without
+        assert p.headers["Retry-After"] == ("4" if spread else "2")
     else:
         assert "Retry-After" not in p.headers
 
 
 def test_problem_types_are_distinct_and_statuses_as_documented() -> None:
-    assert len({c.slug for c in errors.ALL_ERRORS}) == len(errors.ALL_ERRORS)
-    statuses = {c.__name__: c.status for c in errors.ALL_ERRORS}
+    assert len({c.slug for c in ERRORS}) == len(ERRORS)
+    statuses = {c.__name__: c.status for c in ERRORS}
     assert statuses["MalformedRequest"] == 400
     assert statuses["IdentityNotProven"] == 401
     assert statuses["IdentityForbidden"] == 403
@@ -461,6 +515,28 @@ def test_problem_types_are_distinct_and_statuses_as_documented() -> None:
     assert statuses["ModuleNotEnabled"] == statuses["KymaDeleting"] == 409
     assert statuses["RateLimited"] == 429
     assert statuses["CompassUnavailable"] == 503
+    assert statuses["TurnBooked"] == statuses["RuntimeKubeconfigInvalid"] == 503
+    assert statuses["InternalError"] == 503
+    assert statuses["CompassRejected"] == 502
+
+
+def test_a_booked_turn_is_told_exactly_others_are_spread() -> None:
+    # The calendar already spread the herd over Director's capacity: jitter would only make
+    # agents miss their turn. Refusals a herd receives at once are spread.
+    booked = problem_for(
+        errors.TurnBooked("booked", retry_after=7.2), instance="/x", jitter_max=5, rand=lambda: 0.9
+    )
+    assert (booked.status, booked.body["type"]) == (503, TYPE_PREFIX + "capacity-booked")
+    assert booked.headers["Retry-After"] == "8"
+    other = problem_for(
+        errors.CompassUnavailable("open", retry_after=7.2),
+        instance="/x",
+        jitter_max=5,
+        rand=lambda: 0.9,
+    )
+    assert other.headers["Retry-After"] == "12"  # ceil(7.2 + 4.5)
+    unspread = [c for c in ERRORS if issubclass(c, errors.TemporaryError) and not c.spread]
+    assert unspread == [errors.TurnBooked]
 
 
 # --- Director error classification ---------------------------------------------------------------
@@ -544,36 +620,6 @@ def test_reconcile_plan(
 
 def test_backoff_doubles_up_to_cap() -> None:
     assert [backoff(n, base=1, cap=5) for n in (1, 2, 3, 4)] == [1, 2, 4, 5]
-
-
-# --- lease -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("spec", "free"),
-    [
-        ({}, True),
-        ({"holderIdentity": "me", "renewTime": "2024-01-01T00:00:00.000000Z"}, True),
-        (
-            {
-                "holderIdentity": "x",
-                "renewTime": "1970-01-01T00:01:30.000000Z",
-                "leaseDurationSeconds": 15,
-            },
-            True,
-        ),
-        (
-            {
-                "holderIdentity": "x",
-                "renewTime": "1970-01-01T00:01:30.000000Z",
-                "leaseDurationSeconds": 60,
-            },
-            False,
-        ),
-    ],
-)
-def test_lease_free(spec: dict[str, object], free: bool) -> None:
-    assert lease_free(spec, me="me", now=120.0) is free
 
 
 # --- logs ----------------------------------------------------------------------------------------
