@@ -347,6 +347,7 @@ async def test_calls_queued_when_the_breaker_opens_do_not_reach_director() -> No
         await second
     assert reached == ["first"]
     assert guard.state is cb.State.OPEN
+    assert refused.value.retry_after is not None
     assert 0 < refused.value.retry_after <= 30
 
 

@@ -1,0 +1,297 @@
+"""Admission to Director's capacity: the booking calendar (pure), the priority slots and the
+guard that puts them in front of every Director call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from control_plane_broker import circuit_breaker as cb
+from control_plane_broker.director.admission import Admitted, Calendar, Deferred
+from control_plane_broker.director.errors import DirectorRetryable
+from control_plane_broker.director.guard import FIRST_CALL, FOLLOW_UP, DirectorGuard, PrioritySlots
+from control_plane_broker.errors import CompassUnavailable, TurnBooked
+from tests.unit.broker.conditions import until
+
+# --- the calendar ----------------------------------------------------------------------------
+
+
+def calendar(**kwargs: float) -> Calendar:
+    # 2 slots, 0.125 s a call: 1/16 s of capacity per call (exact in binary).
+    return Calendar(**({"capacity": 2, "max_wait": 1.0, "latency": 0.125} | kwargs))  # type: ignore[arg-type]
+
+
+SLOT = 1 / 16
+
+
+def test_requests_are_admitted_while_their_turn_is_within_max_wait() -> None:
+    cal = calendar()
+    verdicts = [cal.book(f"rt-{i}", calls=1, now=0.0) for i in range(17)]
+    # turns 0, 1/16, ..., 1.0: the 17th waits exactly max_wait and is still admitted
+    assert verdicts == [Admitted()] * 17
+    assert cal.booked_until == 17 * SLOT
+    assert cal.tickets() == 0
+    late = cal.book("rt-17", calls=1, now=0.0)
+    assert late == Deferred(retry_after=17 * SLOT)  # the time until its turn, no more
+    assert cal.tickets() == 1
+
+
+def test_a_request_of_two_calls_books_twice_the_capacity() -> None:
+    cal = calendar()
+    assert cal.book("a", calls=2, now=0.0) == Admitted()
+    assert cal.booked_until == 2 * SLOT
+    assert cal.book("b", calls=1, now=0.0) == Admitted()
+    assert cal.booked_until == 3 * SLOT
+
+
+def test_deferred_requests_are_told_their_own_turns_spread_over_the_capacity() -> None:
+    cal = calendar(max_wait=0.0)
+    assert cal.book("first", calls=1, now=10.0) == Admitted()
+    waits = [cal.book(f"rt-{i}", calls=1, now=10.0) for i in range(4)]
+    assert waits == [Deferred(retry_after=n * SLOT) for n in (1, 2, 3, 4)]
+
+
+def test_an_idle_director_admits_at_once_whatever_was_booked_long_ago() -> None:
+    cal = calendar()
+    for i in range(17):
+        cal.book(f"rt-{i}", calls=1, now=0.0)
+    assert cal.book("later", calls=1, now=100.0) == Admitted()
+    assert cal.booked_until == 100.0 + SLOT
+
+
+def deferred(**kwargs: float) -> tuple[Calendar, float]:
+    """A calendar where `late` was deferred to its turn (2 s ahead), which is returned."""
+    cal = calendar(**kwargs)
+    verdict = cal.book("late", calls=1, now=0.0, queued_calls=32)
+    assert verdict == Deferred(retry_after=2.0)
+    assert cal.tickets() == 1
+    return cal, verdict.retry_after
+
+
+def test_a_ticket_is_honoured_when_the_agent_comes_back() -> None:
+    cal, turn = deferred()
+    booked = cal.booked_until
+    # Too early: told the same turn again, and nothing is booked twice.
+    assert cal.book("late", calls=1, now=0.5) == Deferred(retry_after=turn - 0.5)
+    assert cal.booked_until == booked
+    # Back within max_wait of its turn: admitted on the capacity kept for it.
+    assert cal.book("late", calls=1, now=turn - 1.0) == Admitted()
+    assert cal.booked_until == booked
+    assert cal.tickets() == 0
+    # The ticket is used up: the next request of that runtime books anew.
+    cal.book("late", calls=1, now=turn - 1.0)
+    assert cal.booked_until == booked + SLOT
+
+
+def test_a_ticket_is_honoured_until_it_expires() -> None:
+    cal, turn = deferred(ticket_grace=60.0)
+    booked = cal.booked_until
+    assert cal.book("late", calls=1, now=turn + 59.0) == Admitted()
+    assert cal.booked_until == booked  # on the ticket, not a new booking
+
+
+def test_an_expired_ticket_is_forgotten_and_the_request_books_anew() -> None:
+    cal, turn = deferred(ticket_grace=60.0)
+    now = turn + 61.0
+    # Booked like a new request: Director is idle by now, so admitted at once.
+    assert cal.book("late", calls=1, now=now) == Admitted()
+    assert cal.booked_until == now + SLOT
+    assert cal.tickets() == 0
+
+
+def test_cancel_gives_the_ticket_up() -> None:
+    cal = calendar(max_wait=0.0)
+    cal.book("a", calls=1, now=0.0)
+    assert isinstance(cal.book("b", calls=1, now=0.0), Deferred)
+    cal.cancel("b")
+    cal.cancel("never-booked")
+    assert cal.tickets() == 0
+
+
+def test_the_queue_in_front_of_director_counts_even_when_nothing_is_booked() -> None:
+    cal = calendar()
+    # After a restart the calendar is empty, but 80 calls already wait for a slot: 5 s.
+    assert cal.book("a", calls=1, now=50.0, queued_calls=80) == Deferred(retry_after=5.0)
+    # and what it booked is behind that queue, also for a request that sees a shorter one
+    assert cal.book("b", calls=1, now=50.0, queued_calls=10) == Deferred(retry_after=5.0 + SLOT)
+
+
+def test_latency_estimate_follows_measurements_smoothly_and_bounded() -> None:
+    cal = calendar(smoothing=0.2, max_latency=30.0)
+    cal.observe(1.125)
+    assert cal.latency == pytest.approx(0.125 + 0.2 * 1.0)
+    assert cal.seconds_per_call() == pytest.approx(0.325 / 2)
+    cal.observe(-5.0)  # a clock step backwards counts as instant, not negative
+    assert cal.latency == pytest.approx(0.325 * 0.8)
+    cal.observe(3600.0)  # a hung call: bounded
+    assert cal.latency == pytest.approx(0.26 + 0.2 * (30.0 - 0.26))
+    for _ in range(100):
+        cal.observe(0.5)
+    assert cal.latency == pytest.approx(0.5)
+
+
+def test_tickets_of_agents_that_never_came_back_are_dropped() -> None:
+    cal = Calendar(capacity=1, max_wait=0.0, latency=0.1, ticket_grace=1.0)
+    cal.book("first", calls=1, now=0.0)
+    for i in range(5119):
+        assert isinstance(cal.book(f"gone-{i}", calls=1, now=0.0), Deferred)
+    assert cal.tickets() == 5119
+    # Much later a new herd arrives; the stale tickets go when the book grows again.
+    cal.book("new", calls=1, now=1e6, queued_calls=10)
+    assert cal.tickets() == 1
+
+
+# --- priority slots --------------------------------------------------------------------------
+
+
+async def test_slots_serve_follow_ups_first_then_by_arrival() -> None:
+    slots = PrioritySlots(1)
+    await slots.acquire(FIRST_CALL, 1.0)
+    served: list[str] = []
+
+    async def worker(name: str, priority: int) -> None:
+        await slots.acquire(priority, 5.0)
+        served.append(name)
+        slots.release()
+
+    tasks: list[asyncio.Task[None]] = []
+    arrivals = [("a", FIRST_CALL), ("f1", FOLLOW_UP), ("b", FIRST_CALL), ("f2", FOLLOW_UP)]
+    for name, priority in arrivals:
+        tasks.append(asyncio.create_task(worker(name, priority)))
+        await until(lambda: slots.waiting == len(tasks))  # queued in this order
+    slots.release()
+    await asyncio.gather(*tasks)
+    assert served == ["f1", "f2", "a", "b"]
+    assert slots.waiting == 0
+
+
+async def test_a_waiter_that_times_out_leaves_no_trace() -> None:
+    slots = PrioritySlots(1)
+    await slots.acquire(FIRST_CALL, 1.0)
+    with pytest.raises(TimeoutError):
+        await slots.acquire(FIRST_CALL, 0.01)
+    assert slots.waiting == 0
+    slots.release()
+    # The slot came back free, not handed to the waiter that gave up.
+    await slots.acquire(FIRST_CALL, 0.0)
+    with pytest.raises(TimeoutError):
+        await slots.acquire(FIRST_CALL, 0.0)
+
+
+async def test_a_slot_granted_to_a_cancelled_waiter_is_passed_on() -> None:
+    slots = PrioritySlots(1)
+    await slots.acquire(FIRST_CALL, 1.0)
+    got: list[str] = []
+
+    async def waiter(name: str) -> None:
+        await slots.acquire(FIRST_CALL, 5.0)
+        got.append(name)
+
+    first = asyncio.create_task(waiter("first"))
+    await until(lambda: slots.waiting == 1)
+    second = asyncio.create_task(waiter("second"))
+    await until(lambda: slots.waiting == 2)
+    first.cancel()  # cancelled, and before it can handle that ...
+    slots.release()  # ... the slot is granted to it
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await second
+    assert got == ["second"]
+    assert slots.waiting == 0
+    slots.release()
+    await slots.acquire(FIRST_CALL, 0.0)  # exactly one slot, free again
+
+
+# --- the guard -------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def guard(clock: Clock, **kwargs: float) -> DirectorGuard:
+    return DirectorGuard(
+        policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
+        max_concurrency=int(kwargs.pop("max_concurrency", 2)),
+        queue_timeout=kwargs.pop("queue_timeout", 1.0),
+        clock=clock,
+    )
+
+
+def test_book_refuses_with_the_turn_and_no_jitter() -> None:
+    clock = Clock()
+    g = guard(clock)
+    for i in range(21):
+        g.book(f"rt-{i}", calls=1)
+    with pytest.raises(TurnBooked) as info:
+        g.book("late", calls=1)
+    assert info.value.retry_after == pytest.approx(1.05)
+    assert (info.value.status, info.value.slug, info.value.spread) == (
+        503,
+        "capacity-booked",
+        False,
+    )
+    clock.now += 1.05
+    g.book("late", calls=1)  # its turn: admitted on its ticket
+
+
+async def test_refuse_if_open_is_cheap_and_does_not_take_the_probe() -> None:
+    clock = Clock()
+    g = guard(clock)
+
+    async def failing() -> None:
+        raise DirectorRetryable("503")
+
+    g.refuse_if_open()  # closed: nothing to refuse
+    with pytest.raises(CompassUnavailable):
+        await g.call(failing)
+    assert g.state is cb.State.OPEN
+    with pytest.raises(CompassUnavailable) as info:
+        g.refuse_if_open()
+    assert info.value.retry_after == pytest.approx(30)
+    clock.now += 30
+    g.refuse_if_open()  # the probe's turn: not refused ...
+    g.refuse_if_open()  # ... also when asked twice, since asking takes nothing
+
+    async def probe() -> str:
+        return "ok"
+
+    assert await g.call(probe) == "ok"  # the probe was still there to take
+    assert g.state is cb.State.CLOSED
+
+
+async def test_calls_measure_director_latency_for_the_calendar() -> None:
+    clock = Clock()
+    g = guard(clock)
+
+    async def slow() -> None:
+        clock.now += 1.1
+
+    await g.call(slow)
+    assert g.calendar.latency == pytest.approx(0.1 + 0.2 * 1.0)
+
+
+async def test_a_call_that_finds_no_slot_in_twice_the_queue_timeout_is_refused() -> None:
+    clock = Clock()
+    g = guard(clock, max_concurrency=1, queue_timeout=0.01)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        holding.set()
+        await release.wait()
+
+    async def never() -> None:
+        raise AssertionError("must not run")
+
+    holder = asyncio.create_task(g.call(hold))
+    await holding.wait()
+    with pytest.raises(CompassUnavailable, match="too many Director calls"):
+        await g.call(never)
+    release.set()
+    await holder
+    assert g.state is cb.State.CLOSED  # our own queue, no verdict on Director
