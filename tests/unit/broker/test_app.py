@@ -1,24 +1,28 @@
-"""The HTTP surface in process (ASGI): readiness follows the Kyma cache, runtime IDs are checked
-before anything is looked up, and every error, routing errors included, is a problem."""
+"""The HTTP surface in process (ASGI): readiness and liveness as the process reports them,
+runtime IDs are checked before anything is looked up, and every error, routing errors and bugs
+included, is a problem (never a bare 500)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any, cast
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
 
-from control_plane_broker.api.app import create_app
+from control_plane_broker.api.app import Health, create_app
 from control_plane_broker.issuing import TokenIssuer
-from control_plane_broker.kube.client import KubeClient
-from control_plane_broker.kube.config import ClusterAccess
-from control_plane_broker.kube.kyma_cache import KymaCache
+from control_plane_broker.kube.caches import kyma_informer
 from control_plane_broker.metrics import Metrics
+from control_plane_broker.model import KymaView
 from control_plane_broker.settings import Settings
+from kubeapi import ClusterAccess, KubeClient
 
 PROBLEM = "urn:kyma-compass-pull:broker:problem:"
+SECRET_TEXT = "eyJhbGciOiJSUzI1NiJ9.caller-input"
 
 
 class Untouchable:
@@ -42,32 +46,42 @@ class Cache:
         self._touched.append(f"cache.get({name})")
 
 
+@dataclass
+class World:
+    client: httpx.AsyncClient
+    cache: Cache
+    touched: list[str]
+    live: list[bool] = field(default_factory=lambda: [True])
+
+
+def issuer_with(cache: Any, touched: list[str], **given: Any) -> TokenIssuer:
+    parts: dict[str, Any] = {
+        name: Untouchable(name, touched)
+        for name in ("verifier", "registration", "director", "guard", "status", "limiter")
+    }
+    parts |= given
+    return TokenIssuer(settings=Settings(), cache=cache, clock=lambda: 0.0, **parts)
+
+
 @pytest.fixture
-async def world() -> AsyncIterator[tuple[httpx.AsyncClient, Cache, list[str]]]:
+async def world() -> AsyncIterator[World]:
     touched: list[str] = []
     cache = Cache(touched)
-    issuer = TokenIssuer(
-        settings=Settings(),
-        cache=cast(Any, cache),
-        verifier=cast(Any, Untouchable("verifier", touched)),
-        registration=cast(Any, Untouchable("registration", touched)),
-        director=cast(Any, Untouchable("director", touched)),
-        repo=cast(Any, Untouchable("repo", touched)),
-        events=cast(Any, Untouchable("events", touched)),
-        limiter=cast(Any, Untouchable("limiter", touched)),
-        clock=lambda: 0.0,
-        wall=lambda: 0.0,
-    )
+    live = [True]
+
+    def ready() -> tuple[bool, list[str]]:
+        return cache.synced, [] if cache.synced else ["kymas not synced"]
+
     app = create_app(
-        issuer=issuer,
+        issuer=issuer_with(cache, touched),
         metrics=Metrics(),
-        ready=lambda: cache.synced,
+        health=Health(ready=ready, live=lambda: live[0]),
         jitter_max=2,
         rand=lambda: 0.5,
     )
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as client:
-        yield client, cache, touched
+        yield World(client, cache, touched, live)
 
 
 def kind(response: httpx.Response) -> str:
@@ -75,32 +89,44 @@ def kind(response: httpx.Response) -> str:
     return str(response.json()["type"]).removeprefix(PROBLEM)
 
 
-async def test_readyz_and_token_wait_for_the_cache(world: Any) -> None:
-    client, cache, touched = world
-    assert (await client.get("/readyz")).status_code == 503
+async def test_readyz_and_token_wait_for_the_cache(world: World) -> None:
+    client, cache, touched = world.client, world.cache, world.touched
+    r = await client.get("/readyz")
+    assert r.status_code == 503
+    assert r.json() == {"status": "not ready", "problems": ["kymas not synced"]}
     r = await client.post("/v1/runtimes/rt-1/token", headers={"Authorization": "Bearer x"})
     assert (r.status_code, kind(r)) == (503, "not-ready")
     assert r.headers["Retry-After"] == "3"  # 2 s + half of the 2 s jitter
     assert touched == []
     cache.synced = True
-    assert (await client.get("/readyz")).status_code == 200
+    r = await client.get("/readyz")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ready", "problems": []}
+
+
+async def test_healthz_fails_once_the_loop_was_wedged(world: World) -> None:
+    r = await world.client.get("/healthz")
+    assert (r.status_code, r.json()) == (200, {"status": "ok"})
+    world.live[0] = False
+    r = await world.client.get("/healthz")
+    assert (r.status_code, r.json()) == (503, {"status": "wedged"})
+    assert world.touched == []
 
 
 @pytest.mark.parametrize(
     "runtime_id", ["a" * 64, "-leading", "trailing-", "under_score", "dot.ted", "q%22uote"]
 )
 async def test_malformed_runtime_id_is_refused_before_any_lookup(
-    world: Any, runtime_id: str
+    world: World, runtime_id: str
 ) -> None:
-    client, cache, touched = world
-    cache.synced = True
-    r = await client.post(f"/v1/runtimes/{runtime_id}/token", headers={"Authorization": "x"})
+    world.cache.synced = True
+    r = await world.client.post(f"/v1/runtimes/{runtime_id}/token", headers={"Authorization": "x"})
     assert (r.status_code, kind(r)) == (400, "malformed-request")
-    assert touched == []  # not the cache, not the verifier, not Director
+    assert world.touched == []  # not the cache, not the verifier, not Director
 
 
-async def test_routing_errors_are_problems_too(world: Any) -> None:
-    client, _, touched = world
+async def test_routing_errors_are_problems_too(world: World) -> None:
+    client, touched = world.client, world.touched
     r = await client.post("/v1/runtimes/a/b/token")
     assert (r.status_code, kind(r)) == (404, "not-found")
     r = await client.get("/v1/runtimes/rt-1/token")
@@ -108,31 +134,97 @@ async def test_routing_errors_are_problems_too(world: Any) -> None:
     assert touched == []
 
 
-async def test_kyma_cache_is_synced_only_after_a_complete_list() -> None:
-    lists: list[int] = []
+class Exploding:
+    """A verifier with a bug: fails with a message that quotes the caller's input."""
+
+    mode = "test"
+
+    async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Any:
+        raise ValueError(f"cannot parse {SECRET_TEXT}")
+
+
+def exploding_app(touched: list[str]) -> Any:
+    cache = Cache(touched)
+    cache.synced = True
+    return create_app(
+        issuer=issuer_with(cache, touched, verifier=Exploding()),
+        metrics=Metrics(),
+        health=Health(ready=lambda: (True, []), live=lambda: True),
+        jitter_max=0,
+    )
+
+
+async def test_a_bug_is_answered_as_a_retryable_problem_without_its_text() -> None:
+    touched: list[str] = []
+    # The server side of the transport keeps what escapes the app to itself (uvicorn logs it).
+    transport = httpx.ASGITransport(app=exploding_app(touched), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as client:
+        r = await client.post("/v1/runtimes/rt-1/token", headers={"Authorization": "Bearer x"})
+    assert (r.status_code, kind(r)) == (503, "internal-error")
+    assert r.headers["Retry-After"] == "5"
+    assert SECRET_TEXT not in r.text
+    assert touched == []  # the bug came before anything else was asked
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Starlette's ServerErrorMiddleware re-raises after the Exception handler answered: "
+    "the exception (message included) leaves the app for the ASGI server to log, and AccessLog, "
+    "inside that middleware, logs status 500 for the 503 the client got",
+)
+async def test_a_bug_ends_inside_the_app(caplog: pytest.LogCaptureFixture) -> None:
+    touched: list[str] = []
+    transport = httpx.ASGITransport(app=exploding_app(touched))  # raises what escapes the app
+    caplog.set_level(logging.INFO, logger="control_plane_broker.access")
+    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as client:
+        r = await client.post("/v1/runtimes/rt-1/token", headers={"Authorization": "Bearer x"})
+    assert r.status_code == 503
+    statuses = [getattr(rec, "status", None) for rec in caplog.records if rec.msg == "request"]
+    assert statuses == [503]
+    assert SECRET_TEXT not in caplog.text
+
+
+# --- the Kyma view readiness waits for -------------------------------------------------------
+
+
+def kcp_client(handler: Any) -> KubeClient:
+    return KubeClient(
+        ClusterAccess(server="https://kcp.test"),
+        user_agent="test",
+        transport=httpx.MockTransport(handler),
+    )
+
+
+async def test_kyma_view_is_synced_only_after_a_complete_list() -> None:
+    lists: list[str] = []
+    kyma = {"metadata": {"name": "rt-1", "resourceVersion": "4", "uid": "u"}}
 
     def kcp(request: httpx.Request) -> httpx.Response:
         if request.url.params.get("watch"):
             return httpx.Response(503, json={"message": "later"})  # re-lists after a pause
-        lists.append(1)
+        lists.append(request.url.path)
         if len(lists) == 1:
             return httpx.Response(500, json={"message": "etcd unavailable"})
-        return httpx.Response(200, json={"metadata": {"resourceVersion": "5"}, "items": []})
+        return httpx.Response(200, json={"metadata": {"resourceVersion": "5"}, "items": [kyma]})
 
-    client = KubeClient(ClusterAccess(server="http://kcp.test"), transport=httpx.MockTransport(kcp))
-    cache = KymaCache(client, namespace="kcp-system", retry_seconds=0.05)
-    assert not cache.synced
-    task = asyncio.create_task(cache.run())
+    client = kcp_client(kcp)
+    view = kyma_informer(client, namespace="kcp-system", delay=lambda _: 0.05)
+    assert not view.synced
+    task = asyncio.create_task(view.run())
     try:
-        assert await cache.wait_synced(5)
+        assert await view.wait_synced(5)
         assert len(lists) >= 2  # the failed list did not count as synced
+        assert lists[0] == "/apis/operator.kyma-project.io/v1beta2/namespaces/kcp-system/kymas"
+        assert view.get("rt-1") == KymaView(
+            name="rt-1", namespace="", uid="u", resource_version="4"
+        )
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await client.aclose()
 
 
-async def test_kyma_cache_does_not_spin_on_watch_streams_that_end_at_once() -> None:
+async def test_kyma_view_does_not_spin_on_watch_streams_that_end_at_once() -> None:
     watches: list[int] = []
 
     def kcp(request: httpx.Request) -> httpx.Response:
@@ -141,12 +233,12 @@ async def test_kyma_cache_does_not_spin_on_watch_streams_that_end_at_once() -> N
             return httpx.Response(200, text="")  # ends at once, no events
         return httpx.Response(200, json={"metadata": {"resourceVersion": "5"}, "items": []})
 
-    client = KubeClient(ClusterAccess(server="http://kcp.test"), transport=httpx.MockTransport(kcp))
-    cache = KymaCache(client, namespace="kcp-system", retry_seconds=0.1)
-    task = asyncio.create_task(cache.run())
+    client = kcp_client(kcp)
+    view = kyma_informer(client, namespace="kcp-system", delay=lambda _: 0.1)
+    task = asyncio.create_task(view.run())
     try:
         await asyncio.sleep(0.5)
-        assert 1 <= len(watches) <= 10  # paced by retry_seconds, not thousands
+        assert 1 <= len(watches) <= 10  # paced by the delay, not thousands
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
