@@ -1,14 +1,23 @@
-"""Failure conditions: the pure parts that decide what is written and when an Event is due."""
+"""What the broker writes on a mapping's status: the pure parts that decide what is written,
+whether anything is written at all, and when an Event is due."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
 from control_plane_broker import errors
 from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
-from control_plane_broker.kube.client import KubeUnavailable
 from control_plane_broker.registration import state
-from control_plane_broker.status import failure_text
+from control_plane_broker.registration.service import Registered
+from control_plane_broker.status import (
+    TOKEN_TIMESTAMP_REFRESH,
+    failed_status,
+    failure_text,
+    issued_status,
+)
+from kubeapi import Conflict, KubeUnavailable
 
 
 def _fail(conds: list[dict[str, object]], reason: str, now: float) -> list[dict[str, object]]:
@@ -72,6 +81,8 @@ def test_flip_moves_transition_time_and_is_told() -> None:
             "Compass rejected the request: registerRuntime: invalid data",
         ),
         (KubeUnavailable("GET x: HTTP 503"), "ControlPlaneUnavailable", "The control plane"),
+        (Conflict("PUT x: HTTP 409"), "ControlPlaneUnavailable", "The control plane"),
+        (errors.TurnBooked("booked", retry_after=3), "CapacityBooked", "Compass capacity"),
         (errors.KymaIncomplete("no label"), "KymaIncomplete", "The Kyma lacks data"),
     ],
 )
@@ -91,3 +102,129 @@ def test_temporary_failures_share_one_message_so_retries_do_not_rewrite() -> Non
 def test_condition_reasons_are_camel_case() -> None:
     assert state.failure_reason("compass-unavailable") == "CompassUnavailable"
     assert state.failure_reason("") == "Failed"
+
+
+# --- status after a token: written only when it changes ---------------------------------------
+
+NOW = 1_800_000_000.0
+REGISTERED = Registered("c-1", "ga", "registered", labels={"kyma_runtime_id": "RT-1"})
+
+
+def mapping(status: dict[str, Any] | None = None, **labels: str) -> state.Mapping:
+    meta: dict[str, Any] = {"name": "rt-1", "resourceVersion": "7", "generation": 2}
+    if labels:
+        meta["labels"] = labels
+    return state.Mapping.from_object({"metadata": meta, "status": status or {}})
+
+
+def test_first_token_writes_the_whole_status() -> None:
+    status = issued_status(mapping(), registered=REGISTERED, now=NOW)
+    assert status is not None
+    assert (status["registered"], status["configured"], status["state"]) == (True, True, "Ready")
+    assert status["directorLabels"] == {"kyma_runtime_id": "RT-1"}
+    assert status["lastTokenIssuedAt"] == state.to_rfc3339(NOW)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Registered"]["status"] == conditions["TokenIssued"]["status"] == "True"
+    assert "c-1" in conditions["Registered"]["message"]
+    assert conditions["Registered"]["observedGeneration"] == 2
+
+
+def test_later_tokens_write_nothing_until_the_timestamp_is_due() -> None:
+    written = issued_status(mapping(), registered=REGISTERED, now=NOW)
+    assert written is not None
+    after = mapping(written)
+    adopted = Registered("c-1", "ga", "adopted")  # what a known runtime's token path has
+    for later in (NOW + 1, NOW + TOKEN_TIMESTAMP_REFRESH - 1):
+        assert issued_status(after, registered=adopted, now=later) is None
+        assert issued_status(after, registered=REGISTERED, now=later) is None
+    due = issued_status(after, registered=adopted, now=NOW + TOKEN_TIMESTAMP_REFRESH)
+    assert due is not None
+    assert due["lastTokenIssuedAt"] == state.to_rfc3339(NOW + TOKEN_TIMESTAMP_REFRESH)
+    assert due["directorLabels"] == written["directorLabels"]  # kept, not dropped
+    assert due["conditions"] == written["conditions"]  # transition times kept
+
+
+def test_a_change_is_written_at_once_with_the_old_timestamp() -> None:
+    written = issued_status(mapping(), registered=REGISTERED, now=NOW)
+    assert written is not None
+    failed = mapping(
+        {
+            **written,
+            "conditions": state.set_condition(
+                written["conditions"],
+                type_="TokenIssued",
+                status=False,
+                reason="CompassUnavailable",
+                message="m",
+                now=NOW + 5,
+            ),
+        }
+    )
+    healed = issued_status(failed, registered=REGISTERED, now=NOW + 10)
+    assert healed is not None
+    assert state.find_condition(healed["conditions"], "TokenIssued")["status"] == "True"  # type: ignore[index]
+    # Within the refresh period the timestamp is not what made the write.
+    assert healed["lastTokenIssuedAt"] == state.to_rfc3339(NOW)
+    relabelled = Registered("c-1", "ga", "registered", labels={"kyma_runtime_id": "RT-2"})
+    changed = issued_status(mapping(written), registered=relabelled, now=NOW + 10)
+    assert changed is not None
+    assert changed["directorLabels"] == {"kyma_runtime_id": "RT-2"}
+
+
+def test_failed_status_writes_and_tells_only_news() -> None:
+    first, tell = failed_status(
+        mapping(),
+        condition="TokenIssued",
+        reason="CompassUnavailable",
+        message="Compass is unavailable; will retry",
+        now=NOW,
+        director_labels=None,
+    )
+    assert first is not None
+    assert tell
+    assert set(first) == {"conditions"}
+    again, tell = failed_status(
+        mapping(first),
+        condition="TokenIssued",
+        reason="CompassUnavailable",
+        message="Compass is unavailable; will retry",
+        now=NOW + 100,
+        director_labels=None,
+    )
+    assert (again, tell) == (None, False)
+
+
+def test_failed_status_records_director_labels_only_when_they_differ() -> None:
+    labels = {"kyma_runtime_id": "RT-1"}
+    status, _ = failed_status(
+        mapping(),
+        condition="TokenIssued",
+        reason="CompassUnavailable",
+        message="m",
+        now=NOW,
+        director_labels=labels,
+    )
+    assert status is not None
+    assert status["directorLabels"] == labels
+    # Same failure, labels already there: nothing to write.
+    status_after = {**status, "directorLabels": labels}
+    again, tell = failed_status(
+        mapping(status_after),
+        condition="TokenIssued",
+        reason="CompassUnavailable",
+        message="m",
+        now=NOW + 1,
+        director_labels=labels,
+    )
+    assert (again, tell) == (None, False)
+    # Same failure, other labels sent: the labels are written, nobody is told again.
+    other, tell = failed_status(
+        mapping(status_after),
+        condition="TokenIssued",
+        reason="CompassUnavailable",
+        message="m",
+        now=NOW + 2,
+        director_labels={"kyma_runtime_id": "RT-2"},
+    )
+    assert other == {"directorLabels": {"kyma_runtime_id": "RT-2"}}
+    assert not tell
