@@ -20,17 +20,17 @@ async def test_only_the_lease_holder_acts_and_a_successor_takes_over(agent_env: 
     await broker.start()
     try:
         first = await agent_env.start(agent_env.settings(broker.url, identity="first"))
-        await eventually(first.lease.leading.is_set, what="the first agent to lead")  # type: ignore[union-attr]
+        await eventually(first.leading.is_set, what="the first agent to lead")
         second = await agent_env.start(agent_env.settings(broker.url, identity="second"))
         agent_env.put_kyma(modules=["application-connector"])
         await eventually(agent_env.secret_data, what="the token secret")
         await asyncio.sleep(2)
         assert len(broker.requests) == 1  # one active instance pulled, the standby did not
-        assert not second.lease.leading.is_set()  # type: ignore[union-attr]
+        assert not second.leading.is_set()
         # The leader stops (and hands the lease back); the standby takes over and acts.
         running = agent_env.running.pop(0)
         await running.stop()
-        await eventually(second.lease.leading.is_set, within=10, what="the successor to lead")  # type: ignore[union-attr]
+        await eventually(second.leading.is_set, within=10, what="the successor to lead")
         agent_env.cluster.core.delete_namespaced_secret(
             "compass-agent-configuration", agent_env.namespace
         )

@@ -188,9 +188,14 @@ async def test_a_kind_that_is_not_installed_counts_as_empty_only_when_asked(
     path = f"/apis/nothing.example.com/v1/namespaces/{ns}/gizmos"
     gate = Gate()
     empty: Informer[JSON] = Informer(
-        kube, path, name="gizmo", parse=dict, delay=lambda n: 0.05, missing_kind_is_empty=True,
+        kube,
+        path,
+        name="gizmo",
+        parse=dict,
+        delay=lambda n: 0.05,
+        missing_kind_is_empty=True,
         sleep=gate.sleep,
-    )  # fmt: skip
+    )
     async with running(empty) as task:
         assert empty.values() == []
         assert empty.relists == 0

@@ -83,8 +83,15 @@ async def test_a_holder_with_a_skewed_renew_time_is_judged_by_observation(
             },
         )
         clock = Clock()
-        taker = LeaderElector(kube, namespace=ns, name=name, identity="taker", duration=15.0,
-                              renew_every=5.0, clock=clock)  # fmt: skip
+        taker = LeaderElector(
+            kube,
+            namespace=ns,
+            name=name,
+            identity="taker",
+            duration=15.0,
+            renew_every=5.0,
+            clock=clock,
+        )
         # A renewTime in the past does not make it expired, one in the future not valid:
         # only 15 s without a change, seen on our own clock, does.
         assert not await taker.try_acquire_or_renew()
@@ -106,8 +113,15 @@ async def test_release_hands_over_at_once_and_run_reports_changes(
     kube: KubeClient, ns: str
 ) -> None:
     changes: list[bool] = []
-    a = LeaderElector(kube, namespace=ns, name="leader", identity="a", duration=15.0,
-                      renew_every=0.2, on_change=changes.append)  # fmt: skip
+    a = LeaderElector(
+        kube,
+        namespace=ns,
+        name="leader",
+        identity="a",
+        duration=15.0,
+        renew_every=0.2,
+        on_change=changes.append,
+    )
     task = asyncio.create_task(a.run())
     try:
         await eventually(lambda: changes == [True], what="a to lead")
