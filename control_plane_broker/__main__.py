@@ -6,9 +6,9 @@ import argparse
 import asyncio
 import sys
 
-from control_plane_broker import logs
 from control_plane_broker.kube.config import KubeconfigError, load_kcp_access
 from control_plane_broker.settings import Settings
+from observability import logs
 
 
 def _settings_help() -> str:
