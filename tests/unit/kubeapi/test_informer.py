@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -21,6 +22,16 @@ def client_for(handle: Callable[[httpx.Request], httpx.Response]) -> KubeClient:
 
 async def yield_now(seconds: float) -> None:
     await asyncio.sleep(0)
+
+
+def recording(client: KubeClient, asked: list[int], **kwargs: Any) -> Informer[object]:
+    """An informer whose waits are instant and whose `delay` notes each failure count."""
+
+    def delay(failures: int) -> float:
+        asked.append(failures)
+        return 1.0
+
+    return Informer(client, "/x", name="t", parse=dict, delay=delay, sleep=yield_now, **kwargs)
 
 
 async def run_until(informer: Informer[object], done: Callable[[], bool]) -> None:
@@ -49,14 +60,7 @@ async def test_an_unreachable_api_server_is_retried_with_growing_waits() -> None
 
     asked: list[int] = []
     async with client_for(handle) as client:
-        informer: Informer[object] = Informer(
-            client,
-            "/x",
-            name="t",
-            parse=dict,
-            delay=lambda n: asked.append(n) or 1.0,
-            sleep=yield_now,
-        )
+        informer = recording(client, asked)
         await run_until(informer, lambda: informer.synced)
     assert asked[:3] == [1, 2, 3]  # three failed lists in a row: growing
 
@@ -77,14 +81,7 @@ async def test_each_drop_after_a_successful_list_starts_the_backoff_over() -> No
 
     asked: list[int] = []
     async with client_for(handle) as client:
-        informer: Informer[object] = Informer(
-            client,
-            "/x",
-            name="t",
-            parse=dict,
-            delay=lambda n: asked.append(n) or 1.0,
-            sleep=yield_now,
-        )
+        informer = recording(client, asked)
         await run_until(informer, lambda: informer.relists >= 10)
     assert set(asked) == {1}
 
@@ -104,15 +101,7 @@ async def test_a_kind_installed_later_is_listed_and_watched_once_it_appears() ->
 
     notified: list[str] = []
     async with client_for(handle) as client:
-        informer: Informer[object] = Informer(
-            client,
-            "/x",
-            name="t",
-            parse=dict,
-            delay=lambda n: 0.0,
-            sleep=yield_now,
-            missing_kind_is_empty=True,
-        )
+        informer = recording(client, [], missing_kind_is_empty=True)
         informer.add_listener(notified.append)
         await run_until(informer, lambda: informer.synced)
         assert informer.relists == 0  # synced because the kind is absent, not because it listed
