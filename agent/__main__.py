@@ -1,7 +1,8 @@
 """`compass-agent` / `python -m agent`: runs the agent until SIGTERM or SIGINT.
 
 Configuration comes only from `AGENT_*` environment variables (see `--help`); the exit code is
-0 after a clean shutdown, 2 for invalid settings, 1 when the agent died.
+0 after a clean shutdown, 2 for invalid settings or an unusable kubeconfig, 1 when the agent
+died.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 
 from agent.app import Agent
 from agent.settings import AgentSettings
+from kubeapi import KubeconfigError
 from observability import logs
 
 
@@ -59,7 +61,14 @@ async def _run(settings: AgentSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await Agent(settings).run(stop)
+        agent = Agent(settings)
+    except KubeconfigError as e:
+        logging.getLogger("agent").error(
+            "cannot use the kubeconfig", extra={"reason": e.reason, "error": e.message}
+        )
+        return 2
+    try:
+        await agent.run(stop)
     except RuntimeError:
         logging.getLogger("agent").exception("agent died")
         return 1

@@ -4,10 +4,12 @@ and `python -m agent` shutting down cleanly on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 from kubernetes import client
@@ -165,6 +167,32 @@ def test_help_lists_settings() -> None:
     )
     assert "AGENT_BROKER_URL" in out.stdout
     assert "AGENT_MODULE_SIGNALS" in out.stdout
+
+
+def test_a_kubeconfig_with_an_exec_plugin_stops_the_agent_with_its_reason(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {exec: {command: touch, args: [ran]}}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    env = {
+        **os.environ,
+        "AGENT_BROKER_URL": "http://127.0.0.1:1",
+        "AGENT_KUBECONFIG": str(kubeconfig),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "agent"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    line = json.loads(out.stderr.strip().splitlines()[-1])
+    assert line["reason"] == "exec-plugin"
+    assert not (tmp_path / "ran").exists()
 
 
 async def test_healthz_fails_when_a_watch_task_is_gone(agent_env: AgentEnv) -> None:
