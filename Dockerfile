@@ -12,10 +12,12 @@ WORKDIR /src
 RUN python -m venv /opt/venv
 COPY requirements.lock ./
 RUN /opt/venv/bin/pip install --require-hashes --no-deps --only-binary=:all: -r requirements.lock
-# Only the two product packages go into the image; devenv/ and tests/ stay behind.
+# Only the product packages go into the image; devenv/ and tests/ stay behind.
 COPY pyproject.toml README.md ./
 COPY agent ./agent
 COPY control_plane_broker ./control_plane_broker
+COPY kubeapi ./kubeapi
+COPY observability ./observability
 RUN /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheels . \
  && /opt/venv/bin/pip install --no-deps /wheels/*.whl \
  && /opt/venv/bin/pip uninstall --yes pip \

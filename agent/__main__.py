@@ -1,42 +1,25 @@
 """`compass-agent` / `python -m agent`: runs the agent until SIGTERM or SIGINT.
 
 Configuration comes only from `AGENT_*` environment variables (see `--help`); the exit code is
-0 after a clean shutdown, 2 for invalid settings, 1 when the agent died.
+0 after a clean shutdown, 2 for invalid settings or an unusable kubeconfig, 1 when the agent
+died.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import ValidationError
 
 from agent.app import Agent
 from agent.settings import AgentSettings
-
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line; `extra=` fields become keys. Callers never pass secrets."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+from kubeapi import KubeconfigError
+from observability import logs
 
 
 def _settings_help() -> str:
@@ -68,10 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as e:
         print(f"compass-agent: invalid settings:\n{e}", file=sys.stderr)
         return 2
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # request lines would repeat our logs
+    logs.setup(settings.log_level)
     return asyncio.run(_run(settings))
 
 
@@ -81,7 +61,14 @@ async def _run(settings: AgentSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await Agent(settings).run(stop)
+        agent = Agent(settings)
+    except KubeconfigError as e:
+        logging.getLogger("agent").error(
+            "cannot use the kubeconfig", extra={"reason": e.reason, "error": e.message}
+        )
+        return 2
+    try:
+        await agent.run(stop)
     except RuntimeError:
         logging.getLogger("agent").exception("agent died")
         return 1

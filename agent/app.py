@@ -1,8 +1,9 @@
 """Wires the agent together from its settings and runs it until asked to stop.
 
 Always holds: one KubeClient and one BrokerClient per process, created here and closed here;
-watchers, the lease keeper, the health server and the reconcile loop are tasks of `run()` and
-all end (cancelled and awaited) before `run()` returns — nothing is left running after a stop.
+the informers (watches that only wake the reconcile loop), the leader elector, the health
+server and the reconcile loop are tasks of `run()` and all end (cancelled and awaited) before
+`run()` returns — nothing is left running after a stop.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import contextlib
 import logging
 import os
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,14 +23,20 @@ from agent.broker_client import BrokerClient, tls_context
 from agent.health import HealthServer
 from agent.identity import Identity, MtlsIdentity, ServiceAccountIdentity, token_requester
 from agent.kube import resources
-from agent.kube.api import KubeClient, KubeConfig
-from agent.kube.events import EventRecorder
-from agent.kube.lease import LeaseKeeper
-from agent.kube.watch import Watcher
+from agent.kube.events import COMPONENT
 from agent.metrics import AgentMetrics
 from agent.reconcile import Reconciler
-from agent.retry import RandomSource
+from agent.retry import RandomSource, next_delay
 from agent.settings import AgentSettings, IdentityMode, ModuleSignal
+from kubeapi import (
+    JSON,
+    EventRecorder,
+    Informer,
+    KubeClient,
+    LeaderElector,
+    access_from_kubeconfig_file,
+    in_cluster_access,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +65,16 @@ class Agent:
     def __init__(self, settings: AgentSettings, *, overrides: Overrides | None = None) -> None:
         self.settings = settings
         o = overrides or Overrides()
-        config = (
-            KubeConfig.from_kubeconfig(settings.kubeconfig)
+        access = (
+            access_from_kubeconfig_file(settings.kubeconfig)
             if settings.kubeconfig
-            else KubeConfig.in_cluster()
+            else in_cluster_access()
         )
-        self.kube = KubeClient(config, transport=o.kube_transport)
+        # Four watches hold a connection each; the reconcile turn, the lease, Events and a
+        # TokenRequest share the rest.
+        self.kube = KubeClient(
+            access, user_agent=COMPONENT, max_connections=10, transport=o.kube_transport
+        )
         self.metrics = AgentMetrics()
         self.identity_name = settings.identity or os.environ.get("HOSTNAME") or socket.gethostname()
         identity: Identity
@@ -102,7 +112,11 @@ class Agent:
             rng=o.rng,
         )
         self.events = EventRecorder(
-            self.kube, namespace=settings.namespace, host=self.identity_name
+            self.kube,
+            namespace=settings.namespace,
+            component=COMPONENT,
+            host=self.identity_name,
+            clock=o.clock,
         )
         self.reconciler = Reconciler(
             settings=settings,
@@ -114,15 +128,19 @@ class Agent:
             rng=o.rng,
         )
         self.watchers = self._watchers(o.rng)
+        # The reconcile loop waits on these; the elector flips them (`standby` = not leading).
+        self.leading = asyncio.Event()
+        self.standby = asyncio.Event()
+        self.standby.set()
         self.lease = (
-            LeaseKeeper(
+            LeaderElector(
                 self.kube,
                 namespace=settings.namespace,
                 name=settings.lease_name,
                 identity=self.identity_name,
                 duration=settings.lease_duration,
                 renew_every=settings.lease_renew,
-                monotonic=time.monotonic,
+                on_change=self._leadership_changed,
             )
             if settings.lease_enabled
             else None
@@ -138,49 +156,41 @@ class Agent:
         self.started = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
-    def _watchers(self, rng: RandomSource | None) -> list[Watcher]:
+    def _leadership_changed(self, leading: bool) -> None:
+        (self.leading if leading else self.standby).set()
+        (self.standby if leading else self.leading).clear()
+
+    def _watchers(self, rng: RandomSource | None) -> list[Informer[JSON]]:
+        """Watches that only wake the reconcile loop, which re-reads what it needs."""
         s = self.settings
-        notify = self.reconciler.trigger
         policy = s.retry_policy
+
+        def watch(path: str, name: str, *, only: str | None = None) -> Informer[JSON]:
+            informer: Informer[JSON] = Informer(
+                self.kube,
+                path,
+                name=name,
+                parse=dict,
+                delay=lambda failures: next_delay(policy, failures, rng=rng),
+                field_selector=f"metadata.name={only}" if only else None,
+                # A kind whose CRD is not installed (yet) is empty, not a reason to wait.
+                missing_kind_is_empty=True,
+            )
+            informer.add_listener(lambda _name: self.reconciler.trigger())
+            return informer
+
         watchers = [
-            Watcher(
-                self.kube,
-                resources.kymas(s.namespace),
-                name="kyma",
-                field_selector=f"metadata.name={s.kyma_name}",
-                notify=notify,
-                policy=policy,
-                rng=rng,
-            ),
-            Watcher(
-                self.kube,
-                resources.secrets(s.namespace),
-                name="secret",
-                field_selector=f"metadata.name={s.secret_name}",
-                notify=notify,
-                policy=policy,
-                rng=rng,
-            ),
-            Watcher(
-                self.kube,
+            watch(resources.kymas(s.namespace), "kyma", only=s.kyma_name),
+            watch(resources.secrets(s.namespace), "secret", only=s.secret_name),
+            watch(
                 resources.compass_connections(),
-                name="compassconnection",
-                field_selector=f"metadata.name={resources.COMPASS_CONNECTION_NAME}",
-                notify=notify,
-                policy=policy,
-                rng=rng,
+                "compassconnection",
+                only=resources.COMPASS_CONNECTION_NAME,
             ),
         ]
         if ModuleSignal.APPLICATIONCONNECTOR_CR in s.module_signals:
             watchers.append(
-                Watcher(
-                    self.kube,
-                    resources.application_connectors(s.namespace),
-                    name="applicationconnector",
-                    notify=notify,
-                    policy=policy,
-                    rng=rng,
-                )
+                watch(resources.application_connectors(s.namespace), "applicationconnector")
             )
         return watchers
 
@@ -191,7 +201,7 @@ class Agent:
 
     def ready(self) -> bool:
         # Ready once every watch has listed once: until then the agent knows too little to act.
-        return self.reconciler.alive and all(w.synced.is_set() for w in self.watchers)
+        return self.reconciler.alive and all(w.synced for w in self.watchers)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.health.start()
@@ -200,7 +210,7 @@ class Agent:
         leading = standby = None
         if self.lease is not None:
             tasks.append(asyncio.create_task(self.lease.run(), name="lease"))
-            leading, standby = self.lease.leading, self.lease.standby
+            leading, standby = self.leading, self.standby
         loop = asyncio.create_task(
             self.reconciler.run(stop, leading=leading, standby=standby), name="reconcile"
         )

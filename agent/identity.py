@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Protocol
 
 from agent.kube import resources
-from agent.kube.api import KubeClient
 from agent.model import parse_time
+from kubeapi import KubeClient
 
 log = logging.getLogger(__name__)
 

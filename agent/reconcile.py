@@ -22,13 +22,13 @@ from agent.broker_client import BrokerClient
 from agent.decide import Action, Observed, Plan, Reason, Refusal, Rules
 from agent.kube import resources
 from agent.kube import secret as secret_io
-from agent.kube.api import KubeClient, KubeError, KubeUnavailable
-from agent.kube.events import EventReason, EventRecorder, ObjectRef
+from agent.kube.events import EventReason, event_type
 from agent.metrics import AgentMetrics
 from agent.model import Connection, ConnectionState, KymaView, TokenRecord, fingerprint
 from agent.outcomes import Issued, Outcome, Refused, Temporary
 from agent.retry import RandomSource, RetryPolicy, next_delay
 from agent.settings import AgentSettings, ModuleSignal
+from kubeapi import EventRecorder, KubeClient, KubeError, KubeUnavailable, NotFound, ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class Reconciler:
 
     async def gather(self) -> Gathered:
         s = self._settings
-        kyma_raw = await self._kube.get(f"{resources.kymas(s.namespace)}/{s.kyma_name}")
+        kyma_raw = await self._kube.get_or_none(f"{resources.kymas(s.namespace)}/{s.kyma_name}")
         kyma = KymaView.from_object(kyma_raw) if kyma_raw is not None else None
         connectors: list[str] = []
         if ModuleSignal.APPLICATIONCONNECTOR_CR in s.module_signals:
@@ -102,7 +102,7 @@ class Reconciler:
         secret_raw = await secret_io.read_secret(
             self._kube, namespace=s.namespace, name=s.secret_name
         )
-        connection_raw = await self._kube.get(
+        connection_raw = await self._kube.get_or_none(
             f"{resources.compass_connections()}/{resources.COMPASS_CONNECTION_NAME}"
         )
         observed = Observed(
@@ -130,11 +130,9 @@ class Reconciler:
             listing = await self._kube.list(
                 resources.application_connectors(self._settings.namespace)
             )
-        except KubeError as e:
-            if e.status == 404:  # CRD not installed: the module is not there
-                return []
-            raise
-        items = listing.get("items") or []
+        except NotFound:  # CRD not installed: the module is not there
+            return []
+        items = listing.items
         return sorted(
             f"{i.get('metadata', {}).get('name')}/{i.get('metadata', {}).get('generation')}"
             for i in items
@@ -145,9 +143,18 @@ class Reconciler:
         s = self._settings
         if kyma is not None:
             return ObjectRef(
-                resources.KYMA_GROUP_VERSION, "Kyma", s.namespace, s.kyma_name, kyma.uid
+                api_version=resources.KYMA_GROUP_VERSION,
+                kind="Kyma",
+                name=s.kyma_name,
+                namespace=s.namespace,
+                uid=kyma.uid,
             )
-        return ObjectRef("v1", "Secret", s.namespace, s.secret_name)
+        return ObjectRef(api_version="v1", kind="Secret", name=s.secret_name, namespace=s.namespace)
+
+    async def _record(self, kyma: KymaView | None, reason: EventReason, message: str) -> None:
+        await self._events.record(
+            self._about(kyma), type_=event_type(reason), reason=str(reason), message=message
+        )
 
     # -- the loop ------------------------------------------------------------------
 
@@ -247,9 +254,7 @@ class Reconciler:
 
     def _spawn_event(self, kyma: KymaView | None, reason: EventReason, message: str) -> None:
         # Best effort and off the loop's path; the recorder never raises.
-        task = asyncio.create_task(
-            self._events.record(self._about(kyma), reason, message, now=self._clock())
-        )
+        task = asyncio.create_task(self._record(kyma, reason, message))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -278,9 +283,7 @@ class Reconciler:
                 log.warning(
                     "pull refused", extra={"status": result.status, "reason": result.reason}
                 )
-                await self._events.record(
-                    self._about(kyma), EventReason.PULL_REFUSED, message, now=self._clock()
-                )
+                await self._record(kyma, EventReason.PULL_REFUSED, message)
                 return
             # Counted before writing: a token that cannot be stored (no RBAC, a webhook saying
             # no) was still spent, and the next pull must wait out the spacing — otherwise a
@@ -298,12 +301,11 @@ class Reconciler:
                     "expires_at": result.expires_at.isoformat(),
                 },
             )
-            await self._events.record(
-                self._about(kyma),
+            await self._record(
+                kyma,
                 EventReason.TOKEN_PULLED,
                 f"wrote a Compass one-time token for runtime {result.compass_runtime_id} "
                 f"(expires {result.expires_at.isoformat()})",
-                now=self._clock(),
             )
         except KubeError as e:
             # The token is lost with this failure; the next turn plans a new pull (spacing applies).
@@ -330,11 +332,10 @@ class Reconciler:
         )
         if deleted:
             log.info("module disabled, token secret removed", extra={"secret": s.secret_name})
-            await self._events.record(
-                self._about(kyma),
+            await self._record(
+                kyma,
                 EventReason.SECRET_REMOVED,
                 f"application-connector module disabled: removed {s.namespace}/{s.secret_name}",
-                now=self._clock(),
             )
         return deleted
 

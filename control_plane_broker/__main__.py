@@ -9,9 +9,9 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from control_plane_broker import logs
 from control_plane_broker.settings import Settings
 from kubeapi import ClusterAccess, KubeconfigError, load_access
+from observability import logs
 
 
 def _settings_help() -> str:

@@ -142,6 +142,7 @@ class TestCluster:
     ca_file: Path
     kubeconfig_path: Path
     issuer: str
+    etcd_url: str = ""  # plain HTTP on loopback: tests compact it to provoke 410 Gone
     _processes: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
     _api_client: client.ApiClient | None = field(default=None, repr=False)
 
@@ -358,6 +359,7 @@ def start_cluster(name: str, binaries: Binaries, *, workdir: Path | None = None)
         ca_file=pki_dir / "ca.crt",
         kubeconfig_path=workdir / "admin.kubeconfig",
         issuer=issuer,
+        etcd_url=f"http://127.0.0.1:{etcd_client}",
         _processes=[etcd],
     )
     try:

@@ -20,9 +20,8 @@ from typing import Any
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
-_PEM = re.compile(
-    r"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|$)", re.DOTALL | re.MULTILINE
-)
+# Up to its END line, or (a block cut off) to the end of the text.
+_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|\Z)", re.DOTALL)
 _JWT = re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*")
 _AUTH = re.compile(r"(?i)\b(bearer|basic)(\s+)[^\s\"',;\\]+")
 # `TOKEN: x`, `"token": "x"`, `token=x` (also `client_secret`, `password`), JSON-escaped or not.

@@ -14,7 +14,6 @@ from enum import StrEnum
 from typing import Any
 
 from agent.kube import resources
-from agent.kube.api import JSON, Conflict, KubeClient
 from agent.model import (
     COMPASS_RUNTIME_ID_ANNOTATION,
     EXPIRES_AT_ANNOTATION,
@@ -24,6 +23,7 @@ from agent.model import (
     format_time,
 )
 from agent.outcomes import Issued
+from kubeapi import JSON, Conflict, KubeClient
 
 
 class WriteResult(StrEnum):
@@ -85,7 +85,7 @@ async def write_secret(client: KubeClient, desired: Mapping[str, Any]) -> WriteR
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
     path = f"{resources.secrets(namespace)}/{name}"
     for _ in range(3):  # a conflict means someone wrote in between: re-read and compare again
-        stored = await client.get(path)
+        stored = await client.get_or_none(path)
         try:
             if stored is None:
                 await client.create(resources.secrets(namespace), desired)
@@ -101,17 +101,17 @@ async def write_secret(client: KubeClient, desired: Mapping[str, Any]) -> WriteR
             return WriteResult.UPDATED
         except Conflict:
             continue
-    raise Conflict(409, f"secret {namespace}/{name} kept changing while writing it")
+    raise Conflict(f"secret {namespace}/{name} kept changing while writing it", status=409)
 
 
 async def read_secret(client: KubeClient, *, namespace: str, name: str) -> JSON | None:
-    return await client.get(f"{resources.secrets(namespace)}/{name}")
+    return await client.get_or_none(f"{resources.secrets(namespace)}/{name}")
 
 
 async def delete_managed_secret(client: KubeClient, *, namespace: str, name: str) -> bool:
     """Deletes the secret if the agent wrote it; True when it is gone because of this call."""
     path = f"{resources.secrets(namespace)}/{name}"
-    stored = await client.get(path)
+    stored = await client.get_or_none(path)
     if stored is None:
         return False
     labels = _sub(_sub(stored.get("metadata")).get("labels"))

@@ -125,3 +125,13 @@ def test_both_entry_points_are_installed(script: str) -> None:
     copied_sources = {args.split()[0] for args in stages[0].args_of("COPY")}
     assert module in copied_sources
     assert "/opt/venv/bin" in " ".join(stages[-1].args_of("ENV"))
+
+
+def test_every_product_package_is_copied_into_the_build() -> None:
+    """The wheel is built from what the build stage copied: a package left out would make the
+    image fail at its first import (agent and broker import kubeapi and observability)."""
+    find = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {p.rstrip("*") for p in find["packages"]["find"]["include"]} - {"devenv"}
+    _, stages = _stages()
+    copied_sources = {args.split()[0] for args in stages[0].args_of("COPY")}
+    assert packages <= copied_sources, packages - copied_sources

@@ -6,9 +6,9 @@ to run an `agent.app.Agent` on the test's event loop; every agent started is sto
 awaited) at teardown, and the CompassConnection is removed so tests stay independent.
 `FakeBroker` is a scripted HTTP broker on a free loopback port for the failure-timing tests
 (optionally behind TLS that requires a client certificate, recording each caller's CN);
-`Pki` makes the CAs and certificates for that; `TcpProxy` sits between the agent and the API
-server so a test can cut every connection; `RecordingTransport` records every request the
-agent sends, whether or not anything listens.
+`Pki` makes the CAs and certificates for that; `RecordingTransport` records every request the
+agent sends, whether or not anything listens. (`tests.integration.tcp_proxy.TcpProxy` sits
+between the agent and the API server so a test can cut every connection.)
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from tests.integration.broker.conftest import (  # noqa: F401 - fixtures are fou
     kcp_ns,
     sim,
 )
+from tests.integration.waiting import eventually  # noqa: F401 - the agent tests import it here
 
 KYMA = ("operator.kyma-project.io", "v1beta2", "kymas")
 AC = ("operator.kyma-project.io", "v1alpha1", "applicationconnectors")
@@ -197,73 +198,6 @@ def mtls_server_context(folder: Path, server_ca: Pki, client_ca: Pki) -> ssl.SSL
     context.verify_mode = ssl.CERT_REQUIRED
     context.load_verify_locations(cafile=str(ca_file))
     return context
-
-
-# -- a cuttable TCP proxy ----------------------------------------------------------------------
-
-
-class TcpProxy:
-    """Forwards loopback TCP to `target` (TLS passes through untouched); `cut()` drops every
-    open connection at once, as a restarting API server or a broken network path would."""
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self._target = (target_host, target_port)
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._pipes: set[asyncio.Task[None]] = set()
-        self.accepted = 0
-        self.cuts = 0
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.accepted += 1
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self._target)
-        except OSError:
-            writer.close()
-            return
-        self._writers |= {writer, up_writer}
-        pipes = [
-            asyncio.create_task(self._pipe(reader, up_writer)),
-            asyncio.create_task(self._pipe(up_reader, writer)),
-        ]
-        self._pipes.update(pipes)
-        await asyncio.gather(*pipes, return_exceptions=True)
-        self._pipes.difference_update(pipes)
-        for w in (writer, up_writer):
-            self._writers.discard(w)
-            w.close()
-
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, OSError):
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        writer.close()
-
-    def cut(self) -> None:
-        self.cuts += 1
-        for writer in list(self._writers):
-            transport = writer.transport
-            transport.abort()  # RST: nothing graceful about it
-
-    async def stop(self) -> None:
-        self.cut()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-        if self._pipes:
-            await asyncio.gather(*list(self._pipes), return_exceptions=True)
 
 
 class RecordingTransport(httpx.AsyncBaseTransport):
@@ -428,20 +362,6 @@ class AgentEnv:
     def events(self, reason: str | None = None) -> list[Any]:
         items = self.cluster.core.list_namespaced_event(self.namespace).items
         return [e for e in items if reason is None or e.reason == reason]
-
-
-async def eventually(
-    check: Callable[[], Any], *, within: float = 15.0, interval: float = 0.1, what: str = ""
-) -> Any:
-    """Polls `check` (sync) until it returns something truthy; fails the test after `within` s."""
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within}s waiting for {what or check}")
-        await asyncio.sleep(interval)
 
 
 @pytest.fixture

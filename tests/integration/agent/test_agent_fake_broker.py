@@ -10,8 +10,8 @@ from itertools import pairwise
 import httpx
 
 from agent.app import Overrides
-from agent.kube.api import KubeConfig
 from agent.model import EXPIRES_AT_ANNOTATION, ISSUED_AT_ANNOTATION
+from kubeapi import access_from_kubeconfig_file
 from tests.integration.agent.conftest import (
     AgentEnv,
     FakeBroker,
@@ -282,8 +282,8 @@ class ForbidSecretWrites(httpx.AsyncBaseTransport):
     missing RBAC or an admission webhook saying no)."""
 
     def __init__(self, agent_env: AgentEnv) -> None:
-        config = KubeConfig.from_kubeconfig(agent_env.cluster.kubeconfig_path)
-        self.inner = httpx.AsyncHTTPTransport(verify=config.ssl_context)
+        access = access_from_kubeconfig_file(agent_env.cluster.kubeconfig_path)
+        self.inner = httpx.AsyncHTTPTransport(verify=access.ssl_context())
         self.refused = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:

@@ -4,10 +4,12 @@ and `python -m agent` shutting down cleanly on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 from kubernetes import client
@@ -20,17 +22,17 @@ async def test_only_the_lease_holder_acts_and_a_successor_takes_over(agent_env: 
     await broker.start()
     try:
         first = await agent_env.start(agent_env.settings(broker.url, identity="first"))
-        await eventually(first.lease.leading.is_set, what="the first agent to lead")  # type: ignore[union-attr]
+        await eventually(first.leading.is_set, what="the first agent to lead")
         second = await agent_env.start(agent_env.settings(broker.url, identity="second"))
         agent_env.put_kyma(modules=["application-connector"])
         await eventually(agent_env.secret_data, what="the token secret")
         await asyncio.sleep(2)
         assert len(broker.requests) == 1  # one active instance pulled, the standby did not
-        assert not second.lease.leading.is_set()  # type: ignore[union-attr]
+        assert not second.leading.is_set()
         # The leader stops (and hands the lease back); the standby takes over and acts.
         running = agent_env.running.pop(0)
         await running.stop()
-        await eventually(second.lease.leading.is_set, within=10, what="the successor to lead")  # type: ignore[union-attr]
+        await eventually(second.leading.is_set, within=10, what="the successor to lead")
         agent_env.cluster.core.delete_namespaced_secret(
             "compass-agent-configuration", agent_env.namespace
         )
@@ -165,6 +167,32 @@ def test_help_lists_settings() -> None:
     )
     assert "AGENT_BROKER_URL" in out.stdout
     assert "AGENT_MODULE_SIGNALS" in out.stdout
+
+
+def test_a_kubeconfig_with_an_exec_plugin_stops_the_agent_with_its_reason(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {exec: {command: touch, args: [ran]}}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    env = {
+        **os.environ,
+        "AGENT_BROKER_URL": "http://127.0.0.1:1",
+        "AGENT_KUBECONFIG": str(kubeconfig),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "agent"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    line = json.loads(out.stderr.strip().splitlines()[-1])
+    assert line["reason"] == "exec-plugin"
+    assert not (tmp_path / "ran").exists()
 
 
 async def test_healthz_fails_when_a_watch_task_is_gone(agent_env: AgentEnv) -> None:

@@ -18,11 +18,11 @@ from agent.app import Agent, Overrides
 from tests.integration.agent.conftest import (
     AgentEnv,
     FakeBroker,
-    TcpProxy,
     eventually,
     token_reply,
 )
 from tests.integration.agent.test_agent_fake_broker import Ceiling
+from tests.integration.tcp_proxy import TcpProxy
 
 
 def proxied_kubeconfig(agent_env: AgentEnv, proxy: TcpProxy, folder: Path) -> Path:

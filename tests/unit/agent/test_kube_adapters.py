@@ -1,17 +1,14 @@
-"""Kube adapters on httpx's MockTransport: watch resumption, idempotent secret writes."""
+"""The agent's secret adapter on httpx's MockTransport: idempotent writes, deleting only its own.
+(Watching is `kubeapi.Informer`'s, tested in tests/unit/kubeapi and tests/integration/kubeapi.)"""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import ssl
 from datetime import UTC, datetime
 
 import httpx
-import pytest
 
-from agent.kube.api import KubeClient, KubeConfig
 from agent.kube.secret import (
     WriteResult,
     delete_managed_secret,
@@ -19,9 +16,8 @@ from agent.kube.secret import (
     differs,
     write_secret,
 )
-from agent.kube.watch import Watcher
 from agent.outcomes import Issued
-from agent.retry import Jitter, RetryPolicy
+from kubeapi import ClusterAccess, KubeClient
 
 ISSUED = Issued(
     token="ott-1",
@@ -34,51 +30,8 @@ ISSUED = Issued(
 
 
 def client_for(handler: httpx.MockTransport) -> KubeClient:
-    config = KubeConfig("https://kube.test", ssl.create_default_context(), lambda: "t")
-    return KubeClient(config, transport=handler)
-
-
-async def test_watch_relists_after_410_gone_and_resumes_from_the_new_version() -> None:
-    calls: list[str] = []
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        params = request.url.params
-        if params.get("watch") != "1":
-            calls.append(f"list:{len([c for c in calls if c.startswith('list')]) + 1}")
-            rv = "100" if len(calls) == 1 else "200"
-            return httpx.Response(200, json={"metadata": {"resourceVersion": rv}, "items": []})
-        calls.append(f"watch@{params['resourceVersion']}")
-        if params["resourceVersion"] == "100":
-            gone = {
-                "type": "ERROR",
-                "object": {"kind": "Status", "code": 410, "message": "too old"},
-            }
-            return httpx.Response(200, content=(json.dumps(gone) + "\n").encode())
-        modified = {"type": "MODIFIED", "object": {"metadata": {"resourceVersion": "201"}}}
-        return httpx.Response(200, content=(json.dumps(modified) + "\n").encode())
-
-    notified = 0
-
-    def notify() -> None:
-        nonlocal notified
-        notified += 1
-
-    client = client_for(httpx.MockTransport(handle))
-    watcher = Watcher(client, "/api/v1/namespaces/x/secrets", name="t", notify=notify,
-                      policy=RetryPolicy(base=0.01, cap=0.01, jitter=Jitter.NONE))  # fmt: skip
-    task = asyncio.create_task(watcher.run())
-    for _ in range(200):
-        if "watch@201" in calls:
-            break
-        await asyncio.sleep(0.01)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await client.aclose()
-    assert calls[:4] == ["list:1", "watch@100", "list:2", "watch@200"]
-    assert "watch@201" in calls  # resumed from the version of the last event
-    assert notified >= 3  # each list, and the MODIFIED event
-    assert watcher.synced.is_set()
+    access = ClusterAccess(server="https://kube.test", token="t")
+    return KubeClient(access, user_agent="test", transport=handler)
 
 
 def test_desired_secret_shape() -> None:
@@ -159,136 +112,3 @@ async def test_delete_only_touches_a_secret_the_agent_wrote() -> None:
     assert not await delete_managed_secret(client, namespace="n", name="s")
     await client.aclose()
     assert deleted == []
-
-
-async def test_watch_survives_an_unreachable_api_server_with_backoff() -> None:
-    attempts = 0
-    sleeps: list[float] = []
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        nonlocal attempts
-        if request.url.params.get("watch") == "1":
-            return httpx.Response(200, content=b"")  # the server ends the watch at once
-        attempts += 1
-        if attempts <= 3:
-            raise httpx.ConnectError("refused", request=request)
-        return httpx.Response(200, json={"metadata": {"resourceVersion": "1"}, "items": []})
-
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        await asyncio.sleep(0)
-
-    client = client_for(httpx.MockTransport(handle))
-    policy = RetryPolicy(base=1.0, cap=4.0, jitter=Jitter.NONE)
-    watcher = Watcher(
-        client,
-        "/api/v1/namespaces/x/secrets",
-        name="t",
-        notify=lambda: None,
-        policy=policy,
-        sleep=sleep,
-    )
-    task = asyncio.create_task(watcher.run())
-    for _ in range(100):
-        if watcher.synced.is_set():
-            break
-        await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await client.aclose()
-    assert watcher.synced.is_set()
-    # Three failed lists, backing off, then a list that works.
-    assert sleeps[:3] == [1.0, 2.0, 4.0]
-
-
-async def test_each_dropped_watch_is_retried_promptly_and_garbage_does_not_kill_it() -> None:
-    """A watch that lists fine and then drops starts its backoff over: the tenth disconnect of
-    a long life is not waited out at the cap. A stream cut mid-line is a drop, not a crash."""
-    lists = 0
-    sleeps: list[float] = []
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        nonlocal lists
-        if request.url.params.get("watch") != "1":
-            lists += 1
-            return httpx.Response(200, json={"metadata": {"resourceVersion": "1"}, "items": []})
-        if lists % 2:
-            raise httpx.RemoteProtocolError("peer closed connection", request=request)
-        return httpx.Response(200, content=b'{"type": "MODIFIED", "obj')  # cut mid-line
-
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        await asyncio.sleep(0)
-
-    client = client_for(httpx.MockTransport(handle))
-    watcher = Watcher(
-        client,
-        "/api/v1/namespaces/x/secrets",
-        name="t",
-        notify=lambda: None,
-        policy=RetryPolicy(base=1.0, cap=300.0, jitter=Jitter.NONE),
-        sleep=sleep,
-    )
-    task = asyncio.create_task(watcher.run())
-    for _ in range(500):
-        if watcher.relists >= 10:
-            break
-        await asyncio.sleep(0)
-    assert not task.done(), task.exception() if task.done() else None
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await client.aclose()
-    assert watcher.relists >= 10
-    assert set(sleeps) == {1.0}, sleeps  # the first step every time, never growing
-
-
-async def test_a_kind_that_is_not_installed_counts_as_synced_and_is_looked_for_again() -> None:
-    """No CRD yet (404 on list): readiness is not held back, and the watch starts once it
-    appears."""
-    lists = 0
-    notified = 0
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        nonlocal lists
-        if request.url.params.get("watch") == "1":
-            return httpx.Response(200, content=b"")
-        lists += 1
-        if lists <= 2:
-            return httpx.Response(404, json={"kind": "Status", "code": 404, "message": "nope"})
-        return httpx.Response(200, json={"metadata": {"resourceVersion": "7"}, "items": []})
-
-    def notify() -> None:
-        nonlocal notified
-        notified += 1
-
-    async def sleep(seconds: float) -> None:
-        await asyncio.sleep(0)
-
-    client = client_for(httpx.MockTransport(handle))
-    watcher = Watcher(
-        client,
-        "/apis/operator.kyma-project.io/v1alpha1/namespaces/x/applicationconnectors",
-        name="t",
-        notify=notify,
-        policy=RetryPolicy(base=1.0, cap=4.0, jitter=Jitter.NONE),
-        sleep=sleep,
-    )
-    task = asyncio.create_task(watcher.run())
-    for _ in range(200):
-        if watcher.synced.is_set():
-            break
-        await asyncio.sleep(0)
-    assert watcher.synced.is_set()
-    assert watcher.relists == 0  # synced because the kind is absent, not because it listed
-    assert notified == 1
-    for _ in range(200):
-        if watcher.relists >= 1:
-            break
-        await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await client.aclose()
-    assert watcher.relists >= 1  # the CRD appeared: listed and watching

@@ -1,6 +1,6 @@
 """The agent package's public names are exactly the intended ones, and the pure modules stay
 pure: decide, retry, model and outcomes import no HTTP client, no Kubernetes client and no
-adapter (`agent.kube`), so they can be reasoned about and benchmarked without I/O."""
+adapter (`agent.kube`, `kubeapi`), so they can be reasoned about and benchmarked without I/O."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import agent
 
 PKG = Path(__file__).resolve().parents[3] / "agent"
 PURE = ["decide", "retry", "model", "outcomes"]
-FORBIDDEN = ("httpx", "kubernetes", "agent.kube", "agent.app", "agent.broker_client")
+FORBIDDEN = ("httpx", "kubernetes", "kubeapi", "agent.kube", "agent.app", "agent.broker_client")
 
 
 def test_public_names_are_the_intended_ones() -> None:
@@ -63,7 +63,7 @@ def test_importing_the_package_and_pure_modules_loads_no_io_library() -> None:
     code = (
         "import sys, agent, agent.decide, agent.retry, agent.model, agent.outcomes; "
         "print(','.join(sorted(m for m in sys.modules "
-        "if m.split('.')[0] in ('httpx', 'kubernetes') or m.startswith('agent.kube'))))"
+        "if m.split('.')[0] in ('httpx', 'kubernetes', 'kubeapi') or m.startswith('agent.kube'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

@@ -71,7 +71,6 @@ LAYERS: dict[str, int] = {
             "singleflight",
             "settings",
             "metrics",
-            "logs",
             "registration.state",
             "registration.naming",
             "identity.claims",

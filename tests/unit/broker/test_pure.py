@@ -18,13 +18,13 @@ from control_plane_broker.director.errors import (
     classify,
 )
 from control_plane_broker.identity import claims, xfcc
-from control_plane_broker.logs import redact
 from control_plane_broker.model import KymaView
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import BucketPolicy, take
 from control_plane_broker.reconciler import Nothing, Requeue, SyncLabels, Unregister, plan
 from control_plane_broker.registration import naming, state
 from control_plane_broker.retry import backoff, retry_after_seconds
+from observability.logs import redact
 
 POLICY = cb.BreakerPolicy(failure_threshold=3, open_seconds=10.0)
 
