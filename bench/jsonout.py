@@ -52,6 +52,7 @@ def _fleet_run(report: BenchReport, run: FleetRunResult) -> dict[str, Any]:
             "broker_rss_peak_mb": _r(run.broker_rss_peak_mb, 1),
             "kcp_requests": run.kcp.by_request,
             "kcp_requests_total": run.kcp.total,
+            "runtime_api_requests": None if run.runtime_api is None else run.runtime_api.by_request,
             "agent_attempts": dict(sorted(run.attempts.items())),
             "cpu_seconds_by_process": {k: _r(v) for k, v in sorted(run.cpu.by_role.items())},
             "cpu_seconds_other_work": _r(run.cpu.others),

@@ -27,6 +27,7 @@ from pathlib import Path
 PROFILER_ENV = "BENCH_PROFILER"  # "cprofile" forces the fallback
 BROKER_PACKAGE = "control_plane_broker"
 TOP = 5
+_STDLIB = re.compile(r"/lib/python3\.\d+/")
 _LINE = re.compile(r"^(?P<frame>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
 
@@ -54,10 +55,10 @@ def frame_name(raw: str) -> str:
     if match is None:
         return raw.strip()
     path = match["file"]
-    for marker in ("site-packages/", "/lib/python"):
-        if marker in path:
-            path = path.split(marker, 1)[1]
-            break
+    if "site-packages/" in path:
+        path = path.split("site-packages/", 1)[1]
+    elif _STDLIB.search(path):
+        path = _STDLIB.split(path, 1)[1]
     else:
         parts = Path(path).parts
         path = "/".join(parts[-2:]) if len(parts) > 1 else path

@@ -29,6 +29,7 @@ BROKER_RSS_TARGET_MB = 250.0
 RSS_TARGET_N = 5000
 AGENT_RSS_TARGET_MB = 80.0
 AGENT_CPU_TARGET = 0.01
+OTHER_WORK_NOTE_SECONDS = 5.0  # below it, other work is noise not worth a note
 FLEET_BUSY_SHARE = 0.8  # of one core: above it, the fleet may have held the run back
 
 
@@ -470,12 +471,21 @@ def _compare_rows(runs: Sequence[FleetRunResult]) -> list[list[str]]:
             _fmt(r.calls_per_runtime, 2),
             f"{r.integrity.duplicates}",
             _kcp_per_runtime(r),
+            _runtime_api(r),
             _fmt(r.broker_cpu_seconds),
             _fmt(r.broker_rss_peak_mb),
             _attempts(r.attempts, r.connected),
         ]
         for r in runs
     ]
+
+
+def _runtime_api(run: FleetRunResult) -> str:
+    if run.runtime_api is None:
+        return "—"
+    reviews = run.runtime_api.by_request.get("POST tokenreviews", 0)
+    per = f"{reviews / run.connected:.2f}" if run.connected else "—"
+    return f"{per} ({run.runtime_api.total:,} requests in all)"
 
 
 COMPARE_HEADER = [
@@ -490,6 +500,7 @@ COMPARE_HEADER = [
     "Director calls / runtime",
     "duplicates",
     "KCP requests / runtime",
+    "TokenReviews / runtime (runtime API servers)",
     "broker CPU (s, all replicas)",
     "broker peak RSS (MB, largest replica)",
     "agent attempts (by answer)",
@@ -657,7 +668,15 @@ def render(report: BenchReport) -> str:
         key=lambda r: (r.n, r.identity_mode),
     )
     lines += _table(COMPARE_HEADER, _compare_rows(compared)) if identity else ["Not run."]
-    lines += ["", "## 5. Broker replicas sharing a cold start", ""]
+    lines += [
+        "",
+        "## 5. Broker replicas sharing a cold start",
+        "",
+        "Each replica limits itself to `BROKER_DIRECTOR_MAX_CONCURRENCY` = C calls, so together "
+        "they may send up to R·C; Director serves C at a time and queues the rest (the bound "
+        "is the same).",
+        "",
+    ]
     replicas = [r for r in report.runs if table_of(plan, r) == "replicas"]
     compared = sorted(
         [*(o for r in replicas if (o := _one_replica(report, r)) is not None), *replicas],
@@ -903,9 +922,9 @@ def findings(report: BenchReport) -> list[str]:
                 f"{name}: the fleet used {fleet_cpu / r.cpu.wall_seconds:.0%} of a core on "
                 "average: the sending side may have held this run back."
             )
-        if r.cpu.capacity > 0 and r.cpu.others / r.cpu.capacity > 0.1:
+        if r.cpu.others > OTHER_WORK_NOTE_SECONDS and r.cpu.others / r.cpu.capacity > 0.1:
             out.append(
-                f"{name}: other work on the machine used {r.cpu.others:,.0f} CPU s "
+                f"{name}: other work on the machine used {r.cpu.others:,.1f} CPU s "
                 f"({r.cpu.others / r.cpu.capacity:.0%} of the cores) during this run."
             )
     steady = report.steady

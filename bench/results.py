@@ -81,6 +81,8 @@ class FleetRunResult:
     seconds: float | None = None  # cold: until the last runtime connected; None if not all did
     profiled: str = ""  # "py-spy" / "cProfile" when this run was profiled
     lost_log_records: int = 0  # simulator records dropped before they were read (0 = all seen)
+    # tokenreview: requests the runtime API servers served (TokenReviews), all servers together
+    runtime_api: KcpRequests | None = None
     # outage only
     outage_seconds: float = 0.0
     recovery_seconds: float | None = None  # from Director's return until the last connected

@@ -112,6 +112,7 @@ class Measured:
     cpu: CpuUse
     broker_cpu_seconds: float
     broker_rss_peak_bytes: int
+    runtime_api: KcpRequests | None = None
 
 
 class Bench:
@@ -280,6 +281,10 @@ class Bench:
         except BaseException:
             await procs.stop()
             raise
+        runtime_servers = (
+            self._clusters().servers if run.spec.identity_mode == "tokenreview" else []
+        )
+        runtime_before = [await server.request_counts() for server in runtime_servers]
         kcp_before = await self.kcp.request_counts()
         cpu_before = CpuSnapshot.take()
         stop = asyncio.Event()
@@ -291,6 +296,10 @@ class Bench:
             await monitor
         cpu_after = CpuSnapshot.take()
         kcp_after = await self.kcp.request_counts()
+        runtime_api: dict[str, int] = {}
+        for server, before in zip(runtime_servers, runtime_before, strict=True):
+            for key, count in delta(before, await server.request_counts()).items():
+                runtime_api[key] = runtime_api.get(key, 0) + count
         samples = [sample(b.pid) for b in run.brokers]
         broker_cpu = sum(
             cpu_after.by_pid.get(b.pid, ("", 0.0))[1] - cpu_before.by_pid.get(b.pid, ("", 0.0))[1]
@@ -312,6 +321,7 @@ class Bench:
             ),
             broker_cpu_seconds=broker_cpu,
             broker_rss_peak_bytes=max(s.peak_rss_bytes for s in samples),
+            runtime_api=KcpRequests(runtime_api) if runtime_servers else None,
         )
 
     def agents(self, run: Run, tokens: dict[str, str]) -> list[Agent]:
@@ -450,6 +460,7 @@ class Bench:
             ),
             ended_at=fleet.finished_at - fleet.started_at,
             lost_log_records=run.sim.lost_records,
+            runtime_api=m.runtime_api,
         )
 
     async def _outage(self, run: Run, tokens: dict[str, str], deadline: float) -> FleetRunResult:
@@ -535,6 +546,7 @@ class Bench:
             up_at=up_at - down_at,
             ended_at=fleet_result.finished_at - down_at,
             lost_log_records=run.sim.lost_records,
+            runtime_api=m.runtime_api,
         )
 
     # -- steady state ---------------------------------------------------------------------
