@@ -97,8 +97,10 @@ def summarise_collapsed(
 def summarise_cprofile(path: Path, *, top: int = TOP) -> list[FrameShare]:
     stats = pstats.Stats(str(path))
     entries = stats.stats  # type: ignore[attr-defined]  # (file, line, func) -> (cc, nc, tt, ct, callers)
-    total = sum(v[2] for v in entries.values()) or 1.0
-    ranked = sorted(entries.items(), key=lambda kv: -kv[1][2])[:top]
+    # Waiting in epoll is idle time, which py-spy leaves out too.
+    busy = {k: v for k, v in entries.items() if "select.epoll" not in k[2]}
+    total = sum(v[2] for v in busy.values()) or 1.0
+    ranked = sorted(busy.items(), key=lambda kv: -kv[1][2])[:top]
     return [
         FrameShare(
             frame=frame_name(f"{func} ({file}:{line})"), share=v[2] / total, seconds=float(v[2])

@@ -360,7 +360,7 @@ def _steady_verdicts(report: BenchReport) -> list[Verdict]:
 def _cold_rows(runs: Sequence[FleetRunResult]) -> list[list[str]]:
     return [
         [
-            f"{r.n:,}",
+            f"{r.n:,}" + (f" (profiled, {r.profiled})" if r.profiled else ""),
             f"{r.connected:,}" + (" (deadline)" if r.timed_out else ""),
             _fmt(r.seconds),
             _fmt(r.bound),
@@ -827,7 +827,10 @@ def _profile_section(report: BenchReport) -> list[str]:
     if p.tool == "py-spy":
         head += f" ({p.samples:,} samples at 100 Hz, `--nonblocking`, idle waits left out)"
     else:
-        head += " (the broker ran under cProfile: that run's figures are not representative)"
+        head += (
+            " (the broker ran under cProfile, from its start to its end, waits in epoll left "
+            "out: that run's figures are not representative)"
+        )
     lines = [head + ".", ""]
     if p.note:
         lines += [f"Note: {p.note}", ""]
