@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import platform
+import resource
 import shlex
 import shutil
 import subprocess
@@ -206,7 +207,11 @@ e.g. `--sizes 100 --scenarios cold,outage`.""",
         default=None,
         help="where benchmarks.md, benchmarks.json and the plots go (default docs/)",
     )
-    add("--keep-workdir", action="store_true", help="keep logs and data of the run for debugging")
+    add(
+        "--keep-workdir",
+        action="store_true",
+        help="keep logs and data of the run (broker logs, py-spy's raw stacks) for debugging",
+    )
     return parser
 
 
@@ -271,6 +276,21 @@ def revision() -> tuple[str, list[str]]:
     except (OSError, subprocess.SubprocessError):
         return "", []
     return commit, sorted({line[3:].split("/", 1)[0] for line in dirty if len(line) > 3})
+
+
+def raise_open_files_limit(needed: int) -> str | None:
+    """Lifts this process's soft limit of open files to the hard one (the broker and fleet
+    processes inherit it: each holds one connection per agent); a note when that is short."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        return (
+            f"The limit of open files was {hard:,}, below the {needed:,} a broker needs with one "
+            "connection per agent of the largest fleet: connections beyond it failed (transport "
+            "errors) because of the machine, not the broker."
+        )
+    return None
 
 
 def retry_policy_note() -> str | None:
@@ -366,6 +386,8 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Ben
         uncommitted=uncommitted,
     )
     note = retry_policy_note()
+    largest = max([*(r.n for r in runs), plan.steady_callers, 1])
+    limit_note = raise_open_files_limit(largest + 1024)
 
     def save() -> None:
         report.duration_seconds = time.monotonic() - started
@@ -373,6 +395,7 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Ben
         report.notes = [
             *report_mod.static_notes(broker_env),
             *([note] if note else []),
+            *([limit_note] if limit_note else []),
             *report_mod.findings(report),
         ]
         write_report(report, out_dir, progress)
@@ -476,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        if args.keep_workdir or args.profile:
+        if args.keep_workdir:
             print(f"work folder kept: {workdir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -113,8 +113,9 @@ async def run_agents(
         for _ in range(0, len(agents), POOL_GROUP)
     ]
 
-    async def one(index: int, agent: Agent) -> None:
-        client = BrokerClient(
+    # Every client exists before "ready": the run measures requests, not the fleet's set-up.
+    clients = [
+        BrokerClient(
             base_url=brokers[agent.broker],
             identity=StaticIdentity(agent.token),
             policy=DEFAULT_POLICY,
@@ -122,10 +123,13 @@ async def run_agents(
             transport=pools[index // POOL_GROUP],
             clock=lambda: datetime.now(UTC),
         )
+        for index, agent in enumerate(agents)
+    ]
 
-        def seen(outcome: Outcome) -> None:
-            attempts[outcome_label(outcome)] += 1
+    def seen(outcome: Outcome) -> None:
+        attempts[outcome_label(outcome)] += 1
 
+    async def one(client: BrokerClient, agent: Agent) -> None:
         # The client's own AsyncClient is not closed: that would close the shared pool.
         outcome = await client.pull(agent.runtime_id, on_attempt=seen)
         if isinstance(outcome, Issued):
@@ -147,7 +151,7 @@ async def run_agents(
     _emit({"event": "ready", "agents": len(agents)})
     await asyncio.to_thread(sys.stdin.readline)  # "go"
     cpu_at_go = _own_cpu()
-    tasks = [asyncio.create_task(one(i, a)) for i, a in enumerate(agents)]
+    tasks = [asyncio.create_task(one(c, a)) for c, a in zip(clients, agents, strict=True)]
     progress = asyncio.create_task(report_progress())
     timed_out = False
     try:
