@@ -50,6 +50,113 @@ def parse_status_kib(status_text: str, key: str) -> int:
     return 0
 
 
+def parse_machine_busy(stat_text: str, ticks: int = CLOCK_TICKS) -> float:
+    """CPU seconds all cores together were busy since boot, from the `cpu` line of /proc/stat
+    (everything but idle and iowait)."""
+    for line in stat_text.splitlines():
+        if line.startswith("cpu "):
+            values = [int(v) for v in line.split()[1:]]
+            idle = values[3] + (values[4] if len(values) > 4 else 0)
+            # guest time is already part of user time: count the first eight fields only
+            return (sum(values[:8]) - idle) / ticks
+    raise ValueError("no cpu line in /proc/stat")
+
+
+def machine_busy_seconds() -> float:
+    return parse_machine_busy(Path("/proc/stat").read_text())
+
+
+def process_role(cmdline: Sequence[str]) -> str:
+    """A short name for a process the benchmark started, from its command line."""
+    if not cmdline:
+        return "other"
+    program = Path(cmdline[0]).name
+    if program in ("kube-apiserver", "etcd", "py-spy"):
+        return program
+    modules = {
+        "control_plane_broker": "broker",
+        "devenv.compass_sim": "compass-sim",
+        "bench.fleet": "fleet",
+        "bench.jwks_server": "jwks-server",
+        "agent": "agent",
+    }
+    args = list(cmdline[1:])
+    # `python -m cProfile -o X -m control_plane_broker`: the last `-m` names the program.
+    named = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-m"]
+    if named and named[-1] in modules:
+        return modules[named[-1]]
+    return program
+
+
+def parse_ppid(stat_text: str) -> int:
+    return int(stat_text[stat_text.rindex(")") + 2 :].split()[1])
+
+
+def descendants(root: int) -> dict[int, str]:
+    """PID -> role of every living process below `root` (children, grandchildren, ...)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parents[int(entry.name)] = parse_ppid((entry / "stat").read_text())
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+    below: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - below
+        below |= frontier
+    roles: dict[int, str] = {}
+    for pid in below:
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        roles[pid] = process_role([a.decode(errors="replace") for a in raw.split(b"\0") if a])
+    return roles
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """CPU seconds of each process below the benchmark and of the whole machine at a moment."""
+
+    at: float  # monotonic
+    machine_busy: float
+    own: float  # the benchmark process itself (user + system)
+    by_pid: dict[int, tuple[str, float]]
+
+    @classmethod
+    def take(cls) -> CpuSnapshot:
+        by_pid: dict[int, tuple[str, float]] = {}
+        for pid, role in descendants(os.getpid()).items():
+            try:
+                by_pid[pid] = (role, parse_stat_cpu(Path(f"/proc/{pid}/stat").read_text()))
+            except (OSError, ValueError):
+                continue
+        times = os.times()
+        return cls(
+            at=time.monotonic(),
+            machine_busy=machine_busy_seconds(),
+            own=times.user + times.system,
+            by_pid=by_pid,
+        )
+
+
+def cpu_by_role(
+    before: CpuSnapshot, after: CpuSnapshot, *, extra: dict[str, float] | None = None
+) -> dict[str, float]:
+    """CPU seconds per role between two snapshots: processes alive at the end, counted from
+    zero if they started in between; `extra` adds what exited processes reported themselves."""
+    out: dict[str, float] = {"bench (harness)": after.own - before.own}
+    for pid, (role, cpu) in after.by_pid.items():
+        start = before.by_pid.get(pid, (role, 0.0))[1]
+        out[role] = out.get(role, 0.0) + max(0.0, cpu - start)
+    for role, cpu in (extra or {}).items():
+        out[role] = out.get(role, 0.0) + cpu
+    return out
+
+
 def sample(pid: int) -> ProcSample:
     stat = Path(f"/proc/{pid}/stat").read_text()
     status = Path(f"/proc/{pid}/status").read_text()

@@ -1,8 +1,14 @@
-"""What each scenario measured, as plain data; the report renders these and nothing else."""
+"""What each scenario measured, as plain data; the report and the JSON render these and
+nothing else."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from bench.profiling import ProfileSummary
+from bench.prometheus import KcpRequests
+
+MB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -30,46 +36,86 @@ class Integrity:
 
 
 @dataclass(frozen=True)
-class ColdStartResult:
-    n: int
-    capacity: int
-    latency: float
-    connected: int
-    seconds: float | None  # until the last runtime connected; None if not all did
-    bound: float  # n * 2 * L / C
-    director: DirectorCounts
-    integrity: Integrity
-    attempts: dict[str, int]  # agent attempts by outcome
-    broker_cpu_seconds: float
-    timed_out: bool
+class CpuUse:
+    """Who used the cores during one run: CPU seconds per process role (broker, fleet,
+    compass-sim, kube-apiserver, etcd, bench (harness), ...) and the whole machine."""
+
+    by_role: dict[str, float]
+    machine_busy: float  # CPU seconds all cores were busy, whatever ran them
+    wall_seconds: float
+    cores: int
+
+    @property
+    def others(self) -> float:
+        """CPU seconds of processes outside this benchmark (other work on the machine)."""
+        return max(0.0, self.machine_busy - sum(self.by_role.values()))
+
+    @property
+    def capacity(self) -> float:
+        return self.wall_seconds * self.cores
 
 
 @dataclass(frozen=True)
-class OutageResult:
+class FleetRunResult:
+    """One cold start or outage run of N agents against R broker replicas."""
+
+    scenario: str  # cold | outage
     n: int
     capacity: int
     latency: float
-    outage_seconds: float
+    identity_mode: str  # jwks | tokenreview
+    replicas: int
     connected: int
-    connected_during_outage: int
-    recovery_seconds: float | None  # from Director's return until the last runtime connected
-    first_connect_after_return: float | None
-    bound: float
-    calls_during_outage: int  # to Compass while it was down: Director and OAuth token endpoint
-    calls_first_window: int  # the opening burst: calls before the first 5 s without any
-    max_calls_per_window_after: int  # most calls in any 5 s window after that burst (probes)
-    director_after_return: DirectorCounts
+    bound: float  # n * 2 * L / C
+    director: DirectorCounts  # cold: the whole run; outage: after Director's return
     integrity: Integrity
-    attempts: dict[str, int]
-    broker_cpu_seconds: float
+    attempts: dict[str, int]  # agent attempts by outcome
+    broker_cpu_seconds: float  # all replicas together
+    broker_rss_peak_bytes: int  # the largest replica's VmHWM
+    kcp: KcpRequests  # requests the control-plane API server served during the run
+    cpu: CpuUse
     timed_out: bool
-    # For the plot: seconds since the fleet started asking, one per connection, and when
-    # Director went down and came back (same time base).
-    oauth_calls_during_outage: int = 0  # of those, to the OAuth token endpoint
+    deadline_seconds: float
+    # Seconds since the fleet started asking, one per connection (for the plots).
     connect_times: list[float] = field(default_factory=list)
-    down_at: float = 0.0
-    up_at: float = 0.0
-    ended_at: float = 0.0  # when the fleet run ended (all connected or the deadline)
+    seconds: float | None = None  # cold: until the last runtime connected; None if not all did
+    profiled: str = ""  # "py-spy" / "cProfile" when this run was profiled
+    lost_log_records: int = 0  # simulator records dropped before they were read (0 = all seen)
+    # tokenreview: requests the runtime API servers served (TokenReviews), all servers together
+    runtime_api: KcpRequests | None = None
+    # outage only
+    outage_seconds: float = 0.0
+    recovery_seconds: float | None = None  # from Director's return until the last connected
+    connected_during_outage: int = 0
+    first_connect_after_return: float | None = None
+    calls_during_outage: int = 0  # to Compass while it was down: Director and OAuth
+    oauth_calls_during_outage: int = 0
+    breaker_opened_after: float | None = None  # s after Director went down, from the broker
+    burst_rule: str = ""  # how the opening burst was told apart from probes
+    opening_burst: int = 0  # calls before the breaker opened
+    windows_after: list[int] = field(default_factory=list)  # calls per 5 s after it opened
+    max_calls_per_window_after: int = 0  # most calls in any sliding 5 s window after it opened
+    up_at: float = 0.0  # Director's return, seconds since the fleet started asking
+    ended_at: float = 0.0  # when the run ended (all connected or the deadline), same base
+
+    @property
+    def time(self) -> float | None:
+        """The figure compared with the bound: time to all (cold) or recovery (outage)."""
+        return self.recovery_seconds if self.scenario == "outage" else self.seconds
+
+    @property
+    def ratio(self) -> float | None:
+        t = self.time
+        return None if t is None or self.bound <= 0 else t / self.bound
+
+    @property
+    def calls_per_runtime(self) -> float | None:
+        newly = self.connected - self.connected_during_outage
+        return self.director.total / newly if newly > 0 else None
+
+    @property
+    def broker_rss_peak_mb(self) -> float:
+        return self.broker_rss_peak_bytes / MB
 
 
 @dataclass(frozen=True)
@@ -82,25 +128,47 @@ class LatencyFigures:
     seconds: float  # wall time of the phase
     broker_cpu_seconds: float
     counted: int  # answers the CPU is divided by (201s or 503s)
+    harness_cpu_seconds: float = 0.0  # the benchmark process sending the requests
+    # one caller only: latency minus Director's own time for the calls inside each request
+    overhead_p50_ms: float | None = None
+    overhead_p99_ms: float | None = None
+    kcp: KcpRequests | None = None
 
     @property
     def throughput(self) -> float:
         return self.requests / self.seconds if self.seconds > 0 else 0.0
 
     @property
+    def answers_per_second(self) -> float:
+        """Answers of the expected kind (tokens, or 503s) per second."""
+        return self.counted / self.seconds if self.seconds > 0 else 0.0
+
+    @property
     def cpu_ms_per_answer(self) -> float | None:
         return 1000 * self.broker_cpu_seconds / self.counted if self.counted else None
+
+    def unexpected(self, expect: int) -> int:
+        return sum(v for k, v in self.statuses.items() if k != str(expect))
+
+    @property
+    def kcp_per_answer(self) -> float | None:
+        if self.kcp is None or not self.counted:
+            return None
+        return self.kcp.total / self.counted
 
 
 @dataclass(frozen=True)
 class SteadyResult:
     runtimes: int
     callers: int
-    issued: LatencyFigures  # registered runtimes, 200 concurrent callers
+    capacity: int
+    identity_mode: str
+    issued: LatencyFigures  # registered runtimes, `callers` concurrent callers
     single: LatencyFigures  # the same, one caller at a time (no queueing)
     rejected: LatencyFigures  # Director down, breaker open: 503s
     director_p50_ms: float  # time the simulator spent on one requestOneTimeTokenForRuntime
     director_p99_ms: float
+    broker_rss_peak_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,20 +195,51 @@ class Machine:
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """The configuration measured (the CLI's choices, shown in the report and the JSON)."""
+
+    capacity: int
+    latency: float  # the primary configuration
+    outage_seconds: float
+    sizes: tuple[int, ...]  # primary cold start and outage
+    legacy_latency: float
+    legacy_sizes: tuple[int, ...]
+    identity_sizes: tuple[int, ...]  # cold start in each identity mode
+    tokenreview_clusters: int
+    replica_sizes: tuple[int, ...]  # cold start with `replicas` brokers
+    replicas: int
+    steady_runtimes: int
+    steady_callers: int
+    fleet_processes: int
+    max_run_seconds: float
+    scenarios: tuple[str, ...] = ()
+
+
 @dataclass
 class BenchReport:
     command: str
     machine: Machine
-    capacity: int
-    latency: float
-    outage_seconds: float
-    sizes: list[int]
+    plan: Plan
     notes: list[str] = field(default_factory=list)
-    cold: list[ColdStartResult] = field(default_factory=list)
-    outage: list[OutageResult] = field(default_factory=list)
+    runs: list[FleetRunResult] = field(default_factory=list)
     steady: SteadyResult | None = None
     footprint: FootprintResult | None = None
-    plot_file: str | None = None
+    profile: ProfileSummary | None = None
+    plots: dict[str, str] = field(default_factory=dict)  # scenario -> file name
     started: str = ""
     duration_seconds: float = 0.0
-    revision: str = ""  # commit of the code measured, and which parts had uncommitted changes
+    commit: str = ""  # short hash of the code measured
+    uncommitted: list[str] = field(default_factory=list)  # measured parts with local changes
+
+    @property
+    def revision(self) -> str:
+        if not self.commit:
+            return ""
+        changed = ", ".join(self.uncommitted)
+        return f"commit {self.commit}" + (
+            f" with uncommitted changes in {changed}" if changed else ""
+        )
+
+    def runs_of(self, scenario: str) -> list[FleetRunResult]:
+        return [r for r in self.runs if r.scenario == scenario]

@@ -1,10 +1,13 @@
-"""The four scenarios: cold start, Director outage, steady state, agent footprint.
+"""The scenarios: fleet runs (cold start, Director outage; per identity mode and replica count),
+steady state, agent footprint.
 
-Holds for every fleet scenario: a fresh simulator, broker and KCP namespace (`bench.stack`);
-all N agents ask at once; Director calls are read from the simulator's own request log (what
-reached Director, not what the broker believes it sent); registrations are counted in the
-simulator's store and mappings in KCP, so duplicates cannot hide. Every loop is bounded by a
-deadline; all traffic stays on 127.0.0.1.
+Holds for every fleet run: a fresh simulator, fresh broker(s) and a KCP namespace of its own
+(`bench.stack`); all N agents ask at once from their own processes (`bench.fleet`); Director
+calls are read from the simulator's own request log (what reached Director, not what the
+broker believes it sent); registrations are counted in the simulator's store and mappings in
+KCP, so duplicates cannot hide; KCP requests are the API server's own count; CPU and memory
+come from /proc. Nothing but the broker talks to KCP between the two readings of a phase.
+Every loop is bounded by a deadline; all traffic stays on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -15,76 +18,101 @@ import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
+from bench import plan as planning
 from bench import stats
-from bench.fleet import Fleet, FleetResult
-from bench.keys import RuntimeKey, sign_token
-from bench.procs import python_child, sample
+from bench.fleet import Agent, FleetProcesses, FleetResult, assign_brokers
+from bench.footprint import measure_footprint
+from bench.keys import AUDIENCE, RuntimeKey, sign_token
+from bench.plan import RunSpec
+from bench.procs import CpuSnapshot, cpu_by_role, sample
+from bench.profiling import (
+    ProfileSummary,
+    PySpyRecorder,
+    py_spy_problem,
+    summarise_collapsed,
+    summarise_cprofile,
+)
 from bench.progress import Progress
+from bench.prometheus import KcpRequests, delta, gauge_value
 from bench.results import (
-    ColdStartResult,
+    CpuUse,
     DirectorCounts,
+    FleetRunResult,
     FootprintResult,
     Integrity,
     LatencyFigures,
-    OutageResult,
+    Plan,
     SteadyResult,
 )
 from bench.stack import (
+    AGENT_NAMESPACE,
+    AGENT_SERVICE_ACCOUNT,
+    ApiServer,
     Broker,
     DirectorCall,
-    Kcp,
     Simulator,
-    kyma_object,
     run_workdir,
-    start_broker,
+    start_brokers,
     start_simulator,
     unique_namespace,
 )
 
-PROBE_WINDOW = 5.0  # the target: at most one Director call per 5 s while it is down
+PROBE_WINDOW = 5.0  # the target: at most one call to Compass per 5 s while it is down
 RUNTIME_ID_LABEL = "kyma_runtime_id"  # the broker's default BROKER_RUNTIME_ID_LABEL
+BREAKER_GAUGE = "broker_circuit_breaker_open"
+TOKEN = "requestOneTimeTokenForRuntime"
+REGISTER_BATCH = 50  # steady state registers its runtimes in batches (not a cold start)
+TOKEN_SLACK_SECONDS = 3600  # tokens stay valid this long after a run's deadline
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    sizes: tuple[int, ...]
-    capacity: int
-    latency: float
-    outage_seconds: float
+    plan: Plan
     down_mode: str
-    steady_runtimes: int
-    steady_callers: int
     idle_seconds: float
-    max_run_seconds: float
     workdir: Path
     broker_env: dict[str, str] = field(default_factory=dict)
-    profile_broker: bool = False
 
-    def deadline(self, n: int, extra: float = 0.0) -> float:
-        """How long one fleet run may take: generous against the bound, capped."""
-        bound = stats.capacity_bound(n, latency=self.latency, capacity=self.capacity)
-        return min(self.max_run_seconds, max(300.0, 10 * bound) + extra)
+
+@dataclass
+class RuntimeClusters:
+    """The runtime API servers of `tokenreview` runs, shared by the fleet's kubeconfigs."""
+
+    servers: list[ApiServer]
+    kubeconfigs: list[str]  # admin kubeconfig text of each (what KEB's Secret holds)
 
 
 @dataclass
 class Run:
+    spec: RunSpec
     namespace: str
     keys: Sequence[RuntimeKey]
     sim: Simulator
-    broker: Broker
+    brokers: list[Broker]
     workdir: Path
+    breaker_opened_at: float | None = None  # wall clock, first seen open on any replica
 
     @property
     def runtime_ids(self) -> list[str]:
         return [k.runtime_id for k in self.keys]
+
+
+@dataclass
+class Measured:
+    """What one fleet phase measured besides the fleet's own result."""
+
+    fleet: FleetResult
+    kcp: KcpRequests
+    cpu: CpuUse
+    broker_cpu_seconds: float
+    broker_rss_peak_bytes: int
+    runtime_api: KcpRequests | None = None
 
 
 class Bench:
@@ -92,69 +120,124 @@ class Bench:
         self,
         config: BenchConfig,
         *,
-        kcp: Kcp,
+        kcp: ApiServer,
         keys: Sequence[RuntimeKey],
-        tokens: dict[str, str],
         jwks_template: str,
         progress: Progress,
+        runtime_clusters: RuntimeClusters | None = None,
     ) -> None:
         self.config = config
+        self.plan = config.plan
         self.kcp = kcp
         self.keys = keys
-        self.tokens = tokens
         self.jwks_template = jwks_template
         self.progress = progress
+        self.runtime_clusters = runtime_clusters
+        self.profile: ProfileSummary | None = None
+        self.child_env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
 
     # -- shared plumbing ----------------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def stack(
-        self, name: str, n: int, *, capacity: int | None, latency: float
+        self, spec: RunSpec, *, capacity: int, cprofile: bool = False
     ) -> AsyncIterator[Run]:
-        cfg = self.config
-        workdir = run_workdir(cfg.workdir, f"{name}-{n}")
-        namespace = unique_namespace(f"bench-{name}")
-        keys = self.keys[:n]
-        self.progress.say(f"{name} N={n}: seeding {n} Kyma CRs in KCP namespace {namespace}")
+        workdir = run_workdir(self.config.workdir, spec.label.replace(" ", "_").replace(",", ""))
+        namespace = unique_namespace(f"bench-{spec.scenario}")
+        keys = self.keys[: spec.n]
+        self.progress.say(f"{spec.label}: seeding {spec.n} Kyma CRs in KCP namespace {namespace}")
         await self.kcp.create_namespace(namespace)
         await self.kcp.seed_kymas(namespace, keys)
-        sim = await asyncio.to_thread(start_simulator, workdir, capacity=capacity, latency=latency)
+        if spec.identity_mode == "tokenreview":
+            clusters = self._clusters()
+            await self.kcp.seed_kubeconfigs(namespace, keys, clusters.kubeconfigs)
+        sim = await asyncio.to_thread(
+            start_simulator, workdir, capacity=capacity, latency=spec.latency
+        )
         try:
-            broker = await asyncio.to_thread(
-                start_broker,
+            brokers = await asyncio.to_thread(
+                start_brokers,
                 workdir,
+                replicas=spec.replicas,
                 kcp=self.kcp,
                 namespace=namespace,
                 sim=sim,
+                identity_mode=spec.identity_mode,
                 jwks_issuer_template=self.jwks_template,
-                max_concurrency=cfg.capacity,
-                overrides=cfg.broker_env,
-                profile=cfg.profile_broker,
+                max_concurrency=self.plan.capacity,
+                overrides=self.config.broker_env,
+                cprofile_first=cprofile,
             )
             try:
-                yield Run(namespace=namespace, keys=keys, sim=sim, broker=broker, workdir=workdir)
+                yield Run(
+                    spec=spec,
+                    namespace=namespace,
+                    keys=keys,
+                    sim=sim,
+                    brokers=brokers,
+                    workdir=workdir,
+                )
             finally:
-                code = broker.child.stop()
-                if code != 0:
-                    self.progress.say(f"broker exited with {code}; log: {broker.child.log_path}")
+                for broker in brokers:
+                    code = broker.child.stop()
+                    if code not in (0, None):
+                        self.progress.say(
+                            f"broker exited with {code}; log: {broker.child.log_path}"
+                        )
         finally:
             sim.child.stop()
 
-    async def _monitor(
-        self, run: Run, result: FleetResult, label: str, stop: asyncio.Event
-    ) -> None:
+    def _clusters(self) -> RuntimeClusters:
+        if self.runtime_clusters is None:
+            raise RuntimeError("tokenreview runs need runtime API servers")
+        return self.runtime_clusters
+
+    async def tokens_for(self, spec: RunSpec, keys: Sequence[RuntimeKey]) -> dict[str, str]:
+        """The agents' bearer tokens, made before the run: signed by each runtime's key (jwks),
+        or issued by TokenRequest on the runtime's API server for the broker's audience
+        (tokenreview, runtime i on server i mod count); valid beyond the run's deadline."""
+        seconds = int(planning.deadline(self.plan, spec)) + TOKEN_SLACK_SECONDS
+        if spec.identity_mode == "jwks":
+            return {
+                k.runtime_id: sign_token(
+                    k, issuer=self.jwks_template.format(runtime_id=k.runtime_id), lifetime=seconds
+                )
+                for k in keys
+            }
+        servers = self._clusters().servers
+        per_server = [
+            await server.service_account_tokens(
+                AGENT_NAMESPACE,
+                AGENT_SERVICE_ACCOUNT,
+                count=len(keys[i :: len(servers)]),
+                audience=AUDIENCE,
+                seconds=seconds,
+            )
+            for i, server in enumerate(servers)
+        ]
+        return {
+            k.runtime_id: per_server[i % len(servers)][i // len(servers)]
+            for i, k in enumerate(keys)
+        }
+
+    async def _monitor(self, run: Run, result: FleetResult, stop: asyncio.Event) -> None:
+        """Reads the simulator's log as it grows (it keeps only the last 10,000 records) and,
+        while Director is down, when the broker's breaker opens; prints progress."""
         n = len(run.keys)
-        async with httpx.AsyncClient(timeout=30) as http:
+        watch_breaker = run.spec.scenario == "outage"
+        async with httpx.AsyncClient(timeout=10) as http:
             while not stop.is_set():
                 try:
                     await run.sim.poll_calls(http)
                 except httpx.HTTPError as exc:  # the simulator is busy: read it next time
-                    self.progress.say(f"{label}: reading the simulator failed ({exc!r})")
+                    self.progress.say(f"{run.spec.label}: reading the simulator failed ({exc!r})")
+                if watch_breaker and run.breaker_opened_at is None:
+                    await self._watch_breaker(http, run)
 
                 def line() -> str:
                     top = ", ".join(f"{k}: {v}" for k, v in result.attempts.most_common(3))
                     return (
-                        f"{label}: {result.connected}/{n} connected, "
+                        f"{run.spec.label}: {result.connected}/{n} connected, "
                         f"{len(run.sim.director_calls)} Director calls; attempts {top}"
                     )
 
@@ -163,24 +246,90 @@ class Bench:
                     await asyncio.wait_for(stop.wait(), 0.5)
             await run.sim.poll_calls(http)
 
+    async def _watch_breaker(self, http: httpx.AsyncClient, run: Run) -> None:
+        for broker in run.brokers:
+            try:
+                response = await http.get(f"{broker.url}/metrics", timeout=2.0)
+            except httpx.HTTPError:
+                continue  # a busy broker: ask again next time
+            if gauge_value(response.text, BREAKER_GAUGE) == 1.0:
+                run.breaker_opened_at = time.time()
+                return
+
     async def _fleet(
-        self, run: Run, label: str, *, deadline: float, result: FleetResult | None = None
-    ) -> FleetResult:
-        result = result or FleetResult(started_at=time.time())
-        stop = asyncio.Event()
-        monitor = asyncio.create_task(self._monitor(run, result, label, stop))
+        self,
+        run: Run,
+        agents: Sequence[Agent],
+        *,
+        deadline: float,
+        result: FleetResult | None = None,
+        went: asyncio.Event | None = None,
+    ) -> Measured:
+        """Starts the fleet processes, takes the 'before' readings, says go, waits for the
+        end, takes the 'after' readings (before anything else reads KCP)."""
+        result = result or FleetResult(started_at=0.0)
+        procs = FleetProcesses(
+            brokers=[b.url for b in run.brokers],
+            agents=agents,
+            processes=self.plan.fleet_processes,
+            workdir=run.workdir,
+            env=self.child_env,
+            deadline_seconds=deadline,
+        )
         try:
-            fleet = Fleet(broker_url=run.broker.url, tokens=self.tokens)
-            await fleet.run(run.runtime_ids, deadline_seconds=deadline, result=result)
+            await procs.start()
+        except BaseException:
+            await procs.stop()
+            raise
+        runtime_servers = (
+            self._clusters().servers if run.spec.identity_mode == "tokenreview" else []
+        )
+        runtime_before = [await server.request_counts() for server in runtime_servers]
+        kcp_before = await self.kcp.request_counts()
+        cpu_before = CpuSnapshot.take()
+        stop = asyncio.Event()
+        monitor = asyncio.create_task(self._monitor(run, result, stop))
+        try:
+            await procs.run(result, went=went)
         finally:
             stop.set()
             await monitor
+        cpu_after = CpuSnapshot.take()
+        kcp_after = await self.kcp.request_counts()
+        runtime_api: dict[str, int] = {}
+        for server, before in zip(runtime_servers, runtime_before, strict=True):
+            for key, count in delta(before, await server.request_counts()).items():
+                runtime_api[key] = runtime_api.get(key, 0) + count
+        samples = [sample(b.pid) for b in run.brokers]
+        broker_cpu = sum(
+            cpu_after.by_pid.get(b.pid, ("", 0.0))[1] - cpu_before.by_pid.get(b.pid, ("", 0.0))[1]
+            for b in run.brokers
+        )
         self.progress.say(
-            f"{label}: {result.connected}/{len(run.keys)} connected in "
+            f"{run.spec.label}: {result.connected}/{len(agents)} connected in "
             f"{result.finished_at - result.started_at:.1f}s"
             + (" (deadline reached)" if result.timed_out else "")
         )
-        return result
+        return Measured(
+            fleet=result,
+            kcp=KcpRequests(delta(kcp_before, kcp_after)),
+            cpu=CpuUse(
+                by_role=cpu_by_role(cpu_before, cpu_after, extra={"fleet": result.cpu_seconds}),
+                machine_busy=cpu_after.machine_busy - cpu_before.machine_busy,
+                wall_seconds=cpu_after.at - cpu_before.at,
+                cores=os.cpu_count() or 1,
+            ),
+            broker_cpu_seconds=broker_cpu,
+            broker_rss_peak_bytes=max(s.peak_rss_bytes for s in samples),
+            runtime_api=KcpRequests(runtime_api) if runtime_servers else None,
+        )
+
+    def agents(self, run: Run, tokens: dict[str, str]) -> list[Agent]:
+        ids = run.runtime_ids
+        return [
+            Agent(runtime_id=rid, token=tokens[rid], broker=b)
+            for rid, b in zip(ids, assign_brokers(ids, len(run.brokers)), strict=True)
+        ]
 
     async def _director_counts(self, run: Run, calls: Sequence[DirectorCall]) -> DirectorCounts:
         async with httpx.AsyncClient(timeout=30) as http:
@@ -211,255 +360,357 @@ class Bench:
             mappings_recorded=recorded,
         )
 
-    # -- 1. cold start ------------------------------------------------------------------
+    # -- profiling ----------------------------------------------------------------------
 
-    async def cold_start(self, n: int) -> ColdStartResult:
-        cfg = self.config
-        async with self.stack("cold", n, capacity=cfg.capacity, latency=cfg.latency) as run:
-            cpu_before = sample(run.broker.pid).cpu_seconds
-            result = await self._fleet(run, f"cold start N={n}", deadline=cfg.deadline(n))
-            cpu = sample(run.broker.pid).cpu_seconds - cpu_before
-            director = await self._director_counts(run, run.sim.director_calls)
-            integrity = await self._integrity(run)
-        return ColdStartResult(
-            n=n,
-            capacity=cfg.capacity,
-            latency=cfg.latency,
-            connected=result.connected,
-            seconds=stats.completion_time(
-                list(result.connected_at.values()), since=result.started_at, expected=n
-            ),
-            bound=stats.capacity_bound(n, latency=cfg.latency, capacity=cfg.capacity),
-            director=director,
-            integrity=integrity,
-            attempts=dict(result.attempts),
-            broker_cpu_seconds=cpu,
-            timed_out=result.timed_out,
+    def _profiler_problem(self) -> str | None:
+        """Checked on a process we own before the profiled run, so a fallback to cProfile can
+        still be chosen before its broker starts."""
+        return py_spy_problem(os.getpid())
+
+    def _finish_profile(
+        self, run: Run, recorder: PySpyRecorder | None, problem: str | None
+    ) -> ProfileSummary:
+        if recorder is not None:
+            text = recorder.stop()
+            samples, own, ours = summarise_collapsed(text)
+            note = "" if samples else f"py-spy recorded no samples: {recorder.log_tail()}"
+            return ProfileSummary(
+                tool="py-spy",
+                run=run.spec.label,
+                samples=samples,
+                top_own=own,
+                top_broker=ours,
+                note=note,
+                file=str(recorder.output),
+            )
+        path = run.workdir / "broker.prof"  # written when the broker exited (stack's end)
+        try:
+            top = summarise_cprofile(path)
+        except (OSError, TypeError, ValueError) as exc:
+            top, problem = [], f"{problem}; cProfile wrote nothing readable ({exc!r})"
+        return ProfileSummary(
+            tool="cProfile",
+            run=run.spec.label,
+            samples=0,
+            top_own=top,
+            note=f"py-spy was not used: {problem}",
+            file=str(path),
         )
 
-    # -- 2. outage ----------------------------------------------------------------------
+    # -- cold start and outage ------------------------------------------------------------
 
-    async def outage(self, n: int) -> OutageResult:
-        cfg = self.config
-        async with self.stack("outage", n, capacity=cfg.capacity, latency=cfg.latency) as run:
-            async with httpx.AsyncClient(timeout=30) as http:
-                await run.sim.patch_faults(http, down=cfg.down_mode)
-                down_at = time.time()
-                cpu_before = sample(run.broker.pid).cpu_seconds
-                result = FleetResult(started_at=down_at)
-                fleet = asyncio.create_task(
-                    self._fleet(
-                        run,
-                        f"outage N={n}",
-                        deadline=cfg.deadline(n, extra=cfg.outage_seconds),
-                        result=result,
-                    )
+    async def fleet_run(self, spec: RunSpec) -> FleetRunResult:
+        plan = self.plan
+        problem = self._profiler_problem() if spec.profile else None
+        keys = self.keys[: spec.n]
+        self.progress.say(f"{spec.label}: preparing {spec.n} tokens ({spec.identity_mode})")
+        tokens = await self.tokens_for(spec, keys)
+        deadline = planning.deadline(plan, spec)
+        run_for_profile: Run | None = None
+        recorder: PySpyRecorder | None = None
+        async with self.stack(
+            spec, capacity=plan.capacity, cprofile=spec.profile and problem is not None
+        ) as run:
+            if spec.profile and problem is None:
+                recorder = PySpyRecorder(
+                    run.brokers[0].pid, run.workdir / "broker.pyspy.txt", run.workdir / "py-spy.log"
                 )
-                await asyncio.wait({fleet}, timeout=cfg.outage_seconds)
-                await run.sim.patch_faults(http, down=None)
-                up_at = time.time()
-                self.progress.say(f"outage N={n}: Director is back after {up_at - down_at:.0f}s")
-            await fleet
-            cpu = sample(run.broker.pid).cpu_seconds - cpu_before
-            calls = run.sim.calls  # Director and OAuth: both count as calls to Compass
-            during = [c.at for c in calls if down_at <= c.at < up_at]
-            oauth_during = sum(
-                1 for c in calls if c.endpoint == "oauth" and down_at <= c.at < up_at
+            run_for_profile = run
+            try:
+                if spec.scenario == "outage":
+                    result = await self._outage(run, tokens, deadline)
+                else:
+                    result = await self._cold(run, tokens, deadline)
+            finally:
+                if recorder is not None:
+                    self.profile = self._finish_profile(run, recorder, None)
+        if spec.profile and recorder is None and run_for_profile is not None:
+            self.profile = self._finish_profile(run_for_profile, None, problem)
+        if spec.profile and self.profile is not None:
+            result = FleetRunResult(**{**result.__dict__, "profiled": self.profile.tool})
+        return result
+
+    async def _cold(self, run: Run, tokens: dict[str, str], deadline: float) -> FleetRunResult:
+        spec = run.spec
+        m = await self._fleet(run, self.agents(run, tokens), deadline=deadline)
+        director = await self._director_counts(run, run.sim.director_calls)
+        integrity = await self._integrity(run)
+        fleet = m.fleet
+        return FleetRunResult(
+            scenario="cold",
+            n=spec.n,
+            capacity=self.plan.capacity,
+            latency=spec.latency,
+            identity_mode=spec.identity_mode,
+            replicas=spec.replicas,
+            connected=fleet.connected,
+            bound=stats.capacity_bound(spec.n, latency=spec.latency, capacity=self.plan.capacity),
+            director=director,
+            integrity=integrity,
+            attempts=dict(fleet.attempts),
+            broker_cpu_seconds=m.broker_cpu_seconds,
+            broker_rss_peak_bytes=m.broker_rss_peak_bytes,
+            kcp=m.kcp,
+            cpu=m.cpu,
+            timed_out=fleet.timed_out,
+            deadline_seconds=deadline,
+            connect_times=sorted(t - fleet.started_at for t in fleet.connected_at.values()),
+            seconds=stats.completion_time(
+                list(fleet.connected_at.values()), since=fleet.started_at, expected=spec.n
+            ),
+            ended_at=fleet.finished_at - fleet.started_at,
+            lost_log_records=run.sim.lost_records,
+            runtime_api=m.runtime_api,
+        )
+
+    async def _outage(self, run: Run, tokens: dict[str, str], deadline: float) -> FleetRunResult:
+        spec, plan = run.spec, self.plan
+        async with httpx.AsyncClient(timeout=30) as http:
+            await run.sim.patch_faults(http, down=self.config.down_mode)
+            went = asyncio.Event()
+            result = FleetResult(started_at=0.0)
+            fleet = asyncio.create_task(
+                self._fleet(
+                    run, self.agents(run, tokens), deadline=deadline, result=result, went=went
+                )
             )
-            after = [c for c in run.sim.director_calls if c.at >= up_at]
-            director_after = await self._director_counts(run, after)
-            integrity = await self._integrity(run)
-        connected = list(result.connected_at.values())
-        # The breaker needs a few failures to open; on a busy broker they can take more than
-        # 5 s. The opening burst ends at the first 5 s of silence, probes are what follows.
-        opening, probes = stats.split_at_first_gap(during, PROBE_WINDOW)
-        return OutageResult(
-            n=n,
-            capacity=cfg.capacity,
-            latency=cfg.latency,
+            go = asyncio.create_task(went.wait())
+            await asyncio.wait({fleet, go}, return_when=asyncio.FIRST_COMPLETED)
+            go.cancel()
+            if went.is_set() and not fleet.done():
+                # Down from the moment the fleet starts asking, for T.
+                remaining = result.started_at + plan.outage_seconds - time.time()
+                await asyncio.wait({fleet}, timeout=max(0.0, remaining))
+            await run.sim.patch_faults(http, down=None)
+            up_at = time.time()
+            self.progress.say(f"{spec.label}: Director is back")
+            m = await fleet
+        down_at = m.fleet.started_at
+        calls = run.sim.calls  # Director and OAuth: both count as calls to Compass
+        during = [c.at for c in calls if down_at <= c.at < up_at]
+        oauth_during = sum(1 for c in calls if c.endpoint == "oauth" and down_at <= c.at < up_at)
+        after = [c for c in run.sim.director_calls if c.at >= up_at]
+        director_after = await self._director_counts(run, after)
+        integrity = await self._integrity(run)
+        if run.breaker_opened_at is not None:
+            burst, probes = stats.split_at(during, run.breaker_opened_at)
+            rule = "calls before the broker's breaker gauge first read open (read every 0.5 s)"
+            opened_after: float | None = run.breaker_opened_at - down_at
+            windows_from = run.breaker_opened_at
+        else:
+            # No breaker gauge on this broker: the opening burst ends at the first 5 s pause.
+            burst, probes = stats.split_at_first_gap(during, PROBE_WINDOW)
+            rule = "no breaker gauge seen open: calls before the first 5 s without any"
+            opened_after = None
+            windows_from = probes[0] if probes else up_at
+        connected = list(m.fleet.connected_at.values())
+        fleet_result = m.fleet
+        return FleetRunResult(
+            scenario="outage",
+            n=spec.n,
+            capacity=plan.capacity,
+            latency=spec.latency,
+            identity_mode=spec.identity_mode,
+            replicas=spec.replicas,
+            connected=fleet_result.connected,
+            bound=stats.capacity_bound(spec.n, latency=spec.latency, capacity=plan.capacity),
+            director=director_after,
+            integrity=integrity,
+            attempts=dict(fleet_result.attempts),
+            broker_cpu_seconds=m.broker_cpu_seconds,
+            broker_rss_peak_bytes=m.broker_rss_peak_bytes,
+            kcp=m.kcp,
+            cpu=m.cpu,
+            timed_out=fleet_result.timed_out,
+            deadline_seconds=deadline,
+            connect_times=sorted(t - down_at for t in connected),
             outage_seconds=up_at - down_at,
-            connected=result.connected,
+            recovery_seconds=stats.completion_time(connected, since=up_at, expected=spec.n),
             connected_during_outage=sum(1 for t in connected if t < up_at),
-            recovery_seconds=stats.completion_time(connected, since=up_at, expected=n),
             first_connect_after_return=(
                 min(t for t in connected if t >= up_at) - up_at
                 if any(t >= up_at for t in connected)
                 else None
             ),
-            bound=stats.capacity_bound(n, latency=cfg.latency, capacity=cfg.capacity),
             calls_during_outage=len(during),
             oauth_calls_during_outage=oauth_during,
-            calls_first_window=len(opening),
+            breaker_opened_after=opened_after,
+            burst_rule=rule,
+            opening_burst=len(burst),
+            windows_after=(
+                stats.window_counts(probes, start=windows_from, end=up_at, width=PROBE_WINDOW)
+                if up_at > windows_from
+                else []
+            ),
             max_calls_per_window_after=stats.max_in_sliding_window(probes, PROBE_WINDOW),
-            director_after_return=director_after,
-            integrity=integrity,
-            attempts=dict(result.attempts),
-            broker_cpu_seconds=cpu,
-            timed_out=result.timed_out,
-            connect_times=sorted(t - down_at for t in connected),
-            down_at=0.0,
             up_at=up_at - down_at,
-            ended_at=result.finished_at - down_at,
+            ended_at=fleet_result.finished_at - down_at,
+            lost_log_records=run.sim.lost_records,
+            runtime_api=m.runtime_api,
         )
 
-    # -- 3. steady state ----------------------------------------------------------------
+    # -- steady state ---------------------------------------------------------------------
 
     async def steady(self) -> SteadyResult:
         """Registered runtimes ask again; Director answers at once (latency 0, capacity C) so
         the figures are the broker's own, plus the simulator's small service time."""
-        cfg = self.config
-        m = cfg.steady_runtimes
-        async with self.stack("steady", m, capacity=cfg.capacity, latency=0.0) as run:
+        plan = self.plan
+        spec = RunSpec("steady", plan.steady_runtimes, 0.0)
+        tokens = await self.tokens_for(spec, self.keys[: spec.n])
+        async with self.stack(spec, capacity=plan.capacity) as run:
             # Registered beforehand in batches: all at once is what the cold start measures.
+            agents = self.agents(run, tokens)
             ids: list[str] = []
-            batch = 50
-            for first in range(0, m, batch):
-                part = Run(
-                    run.namespace, run.keys[first : first + batch], run.sim, run.broker, run.workdir
-                )
-                pre = await self._fleet(
-                    part, f"steady: registering {first + batch}/{m}", deadline=cfg.deadline(batch)
-                )
-                ids += list(pre.connected_at)
+            for first in range(0, len(agents), REGISTER_BATCH):
+                part = agents[first : first + REGISTER_BATCH]
+                self.progress.say(f"steady: registering {first + len(part)}/{len(agents)}")
+                batch = RunSpec("cold", len(part), 0.0)
+                measured = await self._fleet(run, part, deadline=planning.deadline(plan, batch))
+                ids += list(measured.fleet.connected_at)
             # Each registration used one token of the runtime's rate-limit bucket (burst 5):
             # one sequential round on a few runtimes, then three rounds over all of them.
-            single = await self._load(run, ids[:50], callers=1, expect=201, label="1 caller")
-            since = len(run.sim.director_calls)
-            issued = await self._load(
-                run, ids * 3, callers=cfg.steady_callers, expect=201, label="200 callers"
-            )
+            single = await self._load(run, tokens, ids[:50], callers=1, expect=201)
+            issued = await self._load(run, tokens, ids * 3, callers=plan.steady_callers, expect=201)
+            ott = [
+                c.duration * 1000
+                for c in run.sim.director_calls
+                if c.operation == TOKEN and issued.started_wall <= c.at <= issued.ended_wall
+            ]
             async with httpx.AsyncClient(timeout=30) as http:
-                await run.sim.poll_calls(http)
-                ott = [
-                    c.duration * 1000
-                    for c in run.sim.director_calls[since:]
-                    if c.operation == "requestOneTimeTokenForRuntime"
-                ]
-                # Concurrent requests for one runtime share one token (single-flight): CPU is
-                # divided by the tokens Director actually issued in the phase.
-                issued = replace(issued, counted=len(ott))
                 await run.sim.patch_faults(http, down="503")
             # Open the breaker (threshold consecutive failures), then measure the 503s.
-            await self._load(run, ids[:20], callers=1, expect=503, label="opening the breaker")
+            await self._load(run, tokens, ids[:20], callers=1, expect=503)
             rejected = await self._load(
-                run, ids * 3, callers=cfg.steady_callers, expect=503, label="503s"
+                run, tokens, ids * 3, callers=plan.steady_callers, expect=503
             )
+            rss = max(sample(b.pid).peak_rss_bytes for b in run.brokers)
         return SteadyResult(
             runtimes=len(ids),
-            callers=cfg.steady_callers,
-            issued=issued,
-            single=single,
-            rejected=rejected,
+            callers=plan.steady_callers,
+            capacity=plan.capacity,
+            identity_mode=spec.identity_mode,
+            issued=issued.figures,
+            single=single.figures,
+            rejected=rejected.figures,
             director_p50_ms=stats.percentile(ott, 50) if ott else 0.0,
             director_p99_ms=stats.percentile(ott, 99) if ott else 0.0,
+            broker_rss_peak_bytes=rss,
         )
 
     async def _load(
-        self, run: Run, jobs: Sequence[str], *, callers: int, expect: int, label: str
-    ) -> LatencyFigures:
-        """`callers` concurrent callers work through `jobs` (one request per runtime ID)."""
+        self,
+        run: Run,
+        tokens: dict[str, str],
+        jobs: Sequence[str],
+        *,
+        callers: int,
+        expect: int,
+    ) -> LoadPhase:
+        """`callers` concurrent callers work through `jobs` (one request per runtime ID). Each
+        caller has a client of its own with one connection, so no shared pool's bookkeeping
+        slows the sending side; the harness's CPU for the phase is reported."""
         queue: asyncio.Queue[str] = asyncio.Queue()
         for job in jobs:
             queue.put_nowait(job)
-        latencies: list[float] = []
+        windows: list[tuple[float, float]] = []  # wall clock start, end of each request
         statuses: Counter[str] = Counter()
-        limits = httpx.Limits(max_connections=callers, max_keepalive_connections=callers)
-        async with httpx.AsyncClient(base_url=run.broker.url, timeout=60, limits=limits) as http:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        url = run.brokers[0].url
+        clients = [
+            httpx.AsyncClient(base_url=url, timeout=60, limits=limits) for _ in range(callers)
+        ]
 
-            async def caller() -> None:
-                while True:
-                    try:
-                        runtime_id = queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        return
-                    headers = {"Authorization": f"Bearer {self.tokens[runtime_id]}"}
-                    started = time.perf_counter()
-                    try:
-                        response = await http.post(
-                            f"/v1/runtimes/{runtime_id}/token", headers=headers
-                        )
-                        status = str(response.status_code)
-                    except httpx.TransportError:  # counted, as an agent would see it
-                        status = "transport error"
-                    latencies.append(time.perf_counter() - started)
-                    statuses[status] += 1
+        async def caller(http: httpx.AsyncClient) -> None:
+            while True:
+                try:
+                    runtime_id = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                headers = {"Authorization": f"Bearer {tokens[runtime_id]}"}
+                started = time.time()
+                try:
+                    response = await http.post(f"/v1/runtimes/{runtime_id}/token", headers=headers)
+                    status = str(response.status_code)
+                except httpx.TransportError:  # counted, as an agent would see it
+                    status = "transport error"
+                windows.append((started, time.time()))
+                statuses[status] += 1
 
-            cpu_before = sample(run.broker.pid).cpu_seconds
-            started = time.perf_counter()
+        try:
+            kcp_before = await self.kcp.request_counts()
+            cpu_before = sample(run.brokers[0].pid).cpu_seconds
+            own_before = _own_cpu()
+            started = time.time()
             await asyncio.wait_for(
-                asyncio.gather(*(caller() for _ in range(callers))),
-                timeout=self.config.max_run_seconds,
+                asyncio.gather(*(caller(c) for c in clients)), timeout=self.plan.max_run_seconds
             )
-            seconds = time.perf_counter() - started
-            cpu = sample(run.broker.pid).cpu_seconds - cpu_before
-        ms = [x * 1000 for x in latencies]
+            ended = time.time()
+            own = _own_cpu() - own_before
+            cpu = sample(run.brokers[0].pid).cpu_seconds - cpu_before
+            kcp_after = await self.kcp.request_counts()
+        finally:
+            await asyncio.gather(*(c.aclose() for c in clients))
+        async with httpx.AsyncClient(timeout=30) as http:
+            await run.sim.poll_calls(http)
+        ms = [(end - start) * 1000 for start, end in windows]
+        overhead: list[float] = []
+        if callers == 1:
+            # One request at a time: the Director calls answered inside a request's window are
+            # its own; what is left of its latency is the broker's.
+            calls = sorted((c.at, c.duration) for c in run.sim.director_calls if c.at >= started)
+            for start, end in windows:
+                inside = sum(d for at, d in calls if start <= at <= end)
+                overhead.append(max(0.0, (end - start - inside) * 1000))
         figures = LatencyFigures(
-            requests=len(latencies),
+            requests=len(ms),
             statuses=dict(statuses),
             p50_ms=stats.percentile(ms, 50),
             p99_ms=stats.percentile(ms, 99),
             max_ms=max(ms),
-            seconds=seconds,
+            seconds=ended - started,
             broker_cpu_seconds=cpu,
             counted=statuses[str(expect)],
+            harness_cpu_seconds=own,
+            overhead_p50_ms=stats.percentile(overhead, 50) if overhead else None,
+            overhead_p99_ms=stats.percentile(overhead, 99) if overhead else None,
+            kcp=KcpRequests(delta(kcp_before, kcp_after)),
         )
         self.progress.say(
-            f"steady {label}: {figures.requests} requests {dict(statuses)}, "
-            f"p50 {figures.p50_ms:.1f} ms, p99 {figures.p99_ms:.1f} ms"
+            f"steady, {callers} caller(s), expecting {expect}: {figures.requests} requests "
+            f"{dict(statuses)}, p50 {figures.p50_ms:.1f} ms, p99 {figures.p99_ms:.1f} ms"
         )
-        return figures
+        return LoadPhase(figures=figures, started_wall=started, ended_wall=ended)
 
-    # -- 4. agent footprint -------------------------------------------------------------
+    # -- agent footprint ------------------------------------------------------------------
 
     async def footprint(self, runtime_cluster: Any) -> FootprintResult:
         """The real agent (`python -m agent`) against a real runtime API server, then idle."""
-        cfg = self.config
+        spec = RunSpec("footprint", 1, self.plan.latency)
         key = self.keys[0]
-        async with self.stack("footprint", 1, capacity=cfg.capacity, latency=cfg.latency) as run:
-            await asyncio.to_thread(prepare_runtime, runtime_cluster, key)
-            token_file = run.workdir / "agent-token"
-            token_file.write_text(
-                sign_token(key, issuer=self.jwks_template.format(runtime_id=key.runtime_id))
+        tokens = await self.tokens_for(spec, [key])
+        async with self.stack(spec, capacity=self.plan.capacity) as run:
+            return await measure_footprint(
+                runtime_cluster=runtime_cluster,
+                key=key,
+                token=tokens[key.runtime_id],
+                broker_url=run.brokers[0].url,
+                sim=run.sim,
+                workdir=run.workdir,
+                idle_seconds=self.config.idle_seconds,
+                progress=self.progress,
             )
-            token_file.chmod(0o600)
-            env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_")}
-            env.update(
-                {
-                    "AGENT_BROKER_URL": run.broker.url,
-                    "AGENT_KUBECONFIG": str(runtime_cluster.kubeconfig_path),
-                    "AGENT_SA_TOKEN_FILE": str(token_file),
-                    "AGENT_HEALTH_ADDRESS": "127.0.0.1:0",
-                    "AGENT_IDENTITY": "bench-agent",
-                }
-            )
-            agent = python_child("compass-agent", "agent", env=env, log_path=run.workdir / "a.log")
-            try:
-                started = time.monotonic()
-                await asyncio.to_thread(wait_for_secret, runtime_cluster, agent, 120.0)
-                connect_seconds = time.monotonic() - started
-                await asyncio.to_thread(report_connected, runtime_cluster)
-                await asyncio.sleep(5)  # let it see the CompassConnection and settle
-                self.progress.say(f"footprint: agent connected, idle for {cfg.idle_seconds:.0f}s")
-                before = sample(agent.pid)
-                idle_started = time.monotonic()
-                await asyncio.sleep(cfg.idle_seconds)
-                after = sample(agent.pid)
-                idle = time.monotonic() - idle_started
-                if not agent.alive():
-                    raise RuntimeError(f"the agent exited:\n{agent.tail()}")
-            finally:
-                agent.stop()
-            async with httpx.AsyncClient(timeout=30) as http:
-                await run.sim.poll_calls(http)
-            pulls = sum(1 for c in run.sim.calls if c.operation == "requestOneTimeTokenForRuntime")
-        return FootprintResult(
-            idle_seconds=idle,
-            cpu_seconds=after.cpu_seconds - before.cpu_seconds,
-            peak_rss_bytes=after.peak_rss_bytes,
-            rss_bytes_end=after.rss_bytes,
-            connect_seconds=connect_seconds,
-            pulls=pulls,
-        )
+
+
+@dataclass(frozen=True)
+class LoadPhase:
+    figures: LatencyFigures
+    started_wall: float
+    ended_wall: float
+
+
+def _own_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def label_value(labels: dict[str, Any], key: str) -> str | None:
@@ -468,73 +719,3 @@ def label_value(labels: dict[str, Any], key: str) -> str | None:
     if isinstance(value, list):
         value = value[0] if value else None
     return None if value is None else str(value)
-
-
-AGENT_NS = "kyma-system"
-
-
-def prepare_runtime(cluster: Any, key: RuntimeKey) -> None:
-    """The runtime side as KLM leaves it: Kyma `kyma-system/default` with the module on."""
-    cluster.create_namespace(AGENT_NS)
-    body = kyma_object(AGENT_NS, 0, key)
-    body["metadata"]["name"] = "default"
-    labels = body["metadata"]["labels"]
-    body["metadata"]["labels"] = {
-        k: v
-        for k, v in labels.items()
-        if k
-        in (
-            "kyma-project.io/runtime-id",
-            "kyma-project.io/global-account-id",
-            "kyma-project.io/subaccount-id",
-        )
-    }
-    with contextlib.suppress(ApiException):
-        cluster.custom.delete_namespaced_custom_object(
-            "operator.kyma-project.io", "v1beta2", AGENT_NS, "kymas", "default"
-        )
-    cluster.custom.create_namespaced_custom_object(
-        "operator.kyma-project.io", "v1beta2", AGENT_NS, "kymas", body
-    )
-
-
-def wait_for_secret(cluster: Any, agent: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    core: k8s.CoreV1Api = cluster.core
-    while time.monotonic() < deadline:
-        if not agent.alive():
-            raise RuntimeError(f"the agent exited:\n{agent.tail()}")
-        try:
-            core.read_namespaced_secret("compass-agent-configuration", AGENT_NS)
-            return
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        time.sleep(0.2)
-    raise RuntimeError(f"the agent wrote no token secret within {timeout:.0f}s:\n{agent.tail()}")
-
-
-def report_connected(cluster: Any) -> None:
-    """What compass-runtime-agent does once it used the token: CompassConnection Connected."""
-    group, version = "compass.kyma-project.io", "v1alpha1"
-    plural, name = "compassconnections", "compass-connection"
-    custom: k8s.CustomObjectsApi = cluster.custom
-    with contextlib.suppress(ApiException):
-        custom.create_cluster_custom_object(
-            group,
-            version,
-            plural,
-            {
-                "apiVersion": f"{group}/{version}",
-                "kind": "CompassConnection",
-                "metadata": {"name": name},
-                "spec": {},
-            },
-        )
-    custom.patch_cluster_custom_object_status(
-        group,
-        version,
-        plural,
-        name,
-        {"status": {"connectionState": "Connected", "connectionStatus": {}}},
-    )

@@ -1,10 +1,12 @@
-"""The system under test, started for one scenario run: Compass simulator, broker, KCP seed.
+"""The system under test, started for one scenario run: Compass simulator, broker(s), KCP seed.
 
-Holds: the simulator and the broker are separate processes (`python -m devenv.compass_sim`,
-`python -m control_plane_broker`) so the fleet's CPU never slows them down and the broker's own
-CPU can be read from /proc; each run gets a fresh simulator, a fresh broker and its own KCP
-namespace with its own Kyma CRs, so runs never see each other's registrations or mappings.
-The broker runs in `jwks` mode with the issuer pinned per runtime to the bench's JWKS server.
+Holds: the simulator and each broker replica are separate processes (`python -m
+devenv.compass_sim`, `python -m control_plane_broker`) so the fleet's CPU never slows them down
+and each broker's own CPU and memory can be read from /proc; each run gets a fresh simulator,
+fresh brokers and its own KCP namespace with its own Kyma CRs (and, in `tokenreview` mode, the
+runtimes' kubeconfig Secrets), so runs never see each other's registrations or mappings. In
+`jwks` mode the issuer is pinned per runtime to the bench's JWKS server; in `tokenreview` mode
+the broker asks the runtime API servers named by those Secrets.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import yaml
 
 from bench.keys import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, AUDIENCE, RuntimeKey
 from bench.procs import Child, python_child, wait_http_ok
+from bench.prometheus import parse_request_counts
 
 GROUP = "operator.kyma-project.io"
 CLIENT_ID = "bench-broker"
@@ -34,11 +37,11 @@ MODULE = "application-connector"
 RUNTIMES_PER_GLOBAL_ACCOUNT = 10
 
 
-# --- the control plane (KCP) -----------------------------------------------------------------
+# --- API servers: the control plane (KCP) and runtimes ------------------------------------------
 
 
-class Kcp:
-    """Async admin access to the control-plane API server, from its kubeconfig."""
+class ApiServer:
+    """Async admin access to one API server (KCP or a runtime), from its admin kubeconfig."""
 
     def __init__(self, kubeconfig_path: Path, workdir: Path) -> None:
         config = yaml.safe_load(kubeconfig_path.read_text())
@@ -91,6 +94,88 @@ class Kcp:
                         )
 
             await asyncio.gather(*(create(i, k) for i, k in enumerate(keys)))
+
+    async def seed_kubeconfigs(
+        self,
+        namespace: str,
+        keys: Sequence[RuntimeKey],
+        kubeconfigs: Sequence[str],
+        *,
+        concurrency: int = 24,
+    ) -> None:
+        """The runtime kubeconfig Secrets as KEB writes them: `kubeconfig-<runtime id>`, key
+        `config`, labelled with the Kyma name; runtime i gets `kubeconfigs[i mod len]`."""
+        gate = asyncio.Semaphore(concurrency)
+        path = f"/api/v1/namespaces/{namespace}/secrets"
+        async with self.client() as http:
+
+            async def create(index: int, key: RuntimeKey) -> None:
+                text = kubeconfigs[index % len(kubeconfigs)]
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {
+                        "name": f"kubeconfig-{key.runtime_id.lower()}",
+                        "namespace": namespace,
+                        "labels": {"operator.kyma-project.io/kyma-name": key.runtime_id.lower()},
+                    },
+                    "data": {"config": base64.b64encode(text.encode()).decode()},
+                }
+                async with gate:
+                    response = await http.post(path, json=body)
+                    if response.status_code != 201:
+                        raise RuntimeError(
+                            f"creating a kubeconfig Secret failed: HTTP "
+                            f"{response.status_code} {response.text[:300]}"
+                        )
+
+            await asyncio.gather(*(create(i, k) for i, k in enumerate(keys)))
+
+    async def service_account_tokens(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        count: int,
+        audience: str,
+        seconds: int,
+        concurrency: int = 16,
+    ) -> list[str]:
+        """`count` TokenRequest tokens of `namespace/name` (created with its namespace if
+        missing), each bound to `audience`, as a kubelet would project them."""
+        async with self.client() as http:
+            for path, body in (
+                ("/api/v1/namespaces", {"apiVersion": "v1", "metadata": {"name": namespace}}),
+                (
+                    f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                    {"apiVersion": "v1", "metadata": {"name": name}},
+                ),
+            ):
+                response = await http.post(path, json=body)
+                if response.status_code not in (201, 409):
+                    response.raise_for_status()
+            gate = asyncio.Semaphore(concurrency)
+            path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
+            request = {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"audiences": [audience], "expirationSeconds": seconds},
+            }
+
+            async def one() -> str:
+                async with gate:
+                    response = await http.post(path, json=request)
+                    response.raise_for_status()
+                    return str(response.json()["status"]["token"])
+
+            return list(await asyncio.gather(*(one() for _ in range(count))))
+
+    async def request_counts(self) -> dict[str, int]:
+        """`VERB resource` -> requests served so far, from the API server's own /metrics."""
+        async with self.client() as http:
+            response = await http.get("/metrics")
+            response.raise_for_status()
+            return parse_request_counts(response.text)
 
     async def mappings(self, namespace: str) -> list[dict[str, Any]]:
         async with self.client() as http:
@@ -148,6 +233,7 @@ class Simulator:
     urls: dict[str, str]
     secret: str = field(repr=False)
     calls: list[DirectorCall] = field(default_factory=list)
+    lost_records: int = 0  # records the simulator's bounded log dropped before we read them
     _since: int = 0
 
     @property
@@ -167,6 +253,8 @@ class Simulator:
         response = await http.get(f"{self.admin}/requests", params={"since": self._since})
         response.raise_for_status()
         records: list[dict[str, Any]] = response.json()
+        if records and int(records[0]["seq"]) > self._since + 1:
+            self.lost_records += int(records[0]["seq"]) - self._since - 1
         for r in records:
             self._since = max(self._since, int(r["seq"]))
             if r["endpoint"] not in ("director", "oauth"):
@@ -233,10 +321,11 @@ def free_port() -> int:
 
 def broker_env(
     *,
-    kcp: Kcp,
+    kcp: ApiServer,
     namespace: str,
     sim: Simulator,
     creds_file: Path,
+    identity_mode: str,
     jwks_issuer_template: str,
     port: int,
     max_concurrency: int,
@@ -249,8 +338,7 @@ def broker_env(
             "BROKER_DIRECTOR_URL": sim.urls["director_url"],
             "BROKER_DIRECTOR_CREDENTIALS_FILE": str(creds_file),
             "BROKER_DIRECTOR_MAX_CONCURRENCY": str(max_concurrency),
-            "BROKER_IDENTITY_MODE": "jwks",
-            "BROKER_JWKS_ISSUER_URL": jwks_issuer_template,
+            "BROKER_IDENTITY_MODE": identity_mode,
             "BROKER_AUDIENCE": AUDIENCE,
             "BROKER_ALLOWED_SERVICE_ACCOUNTS": f"{AGENT_NAMESPACE}/{AGENT_SERVICE_ACCOUNT}",
             "BROKER_KCP_NAMESPACE": namespace,
@@ -259,22 +347,30 @@ def broker_env(
             "BROKER_PORT": str(port),
         }
     )
+    if identity_mode == "jwks":
+        env["BROKER_JWKS_ISSUER_URL"] = jwks_issuer_template
     env.update(overrides)
     return env
 
 
-def start_broker(
+def start_brokers(
     workdir: Path,
     *,
-    kcp: Kcp,
+    replicas: int,
+    kcp: ApiServer,
     namespace: str,
     sim: Simulator,
+    identity_mode: str,
     jwks_issuer_template: str,
     max_concurrency: int,
     overrides: Mapping[str, str],
-    profile: bool = False,
-) -> Broker:
+    cprofile_first: bool = False,
+) -> list[Broker]:
+    """`replicas` broker processes on the same namespace, Director and settings (they share the
+    leader Lease); returns once every one is ready. With `cprofile_first`, the first runs under
+    cProfile and writes broker.prof into the run folder when it exits."""
     creds = workdir / "director-credentials.yaml"
+    creds.touch(mode=0o600)
     creds.write_text(
         yaml.safe_dump(
             {
@@ -286,34 +382,40 @@ def start_broker(
             }
         )
     )
-    creds.chmod(0o600)
-    port = free_port()
-    env = broker_env(
-        kcp=kcp,
-        namespace=namespace,
-        sim=sim,
-        creds_file=creds,
-        jwks_issuer_template=jwks_issuer_template,
-        port=port,
-        max_concurrency=max_concurrency,
-        overrides=overrides,
-    )
-    # With `profile`, cProfile writes broker.prof into the run folder when the broker exits.
-    module_args = (
-        ("cProfile", "-o", str(workdir / "broker.prof"), "-m", "control_plane_broker")
-        if profile
-        else ("control_plane_broker",)
-    )
-    child = python_child(
-        "compass-broker",
-        module_args[0],
-        *module_args[1:],
-        env=env,
-        log_path=workdir / "broker.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_http_ok(f"{url}/readyz", timeout=120, child=child)
-    return Broker(child=child, url=url)
+    brokers: list[Broker] = []
+    try:
+        for index in range(replicas):
+            port = free_port()
+            env = broker_env(
+                kcp=kcp,
+                namespace=namespace,
+                sim=sim,
+                creds_file=creds,
+                identity_mode=identity_mode,
+                jwks_issuer_template=jwks_issuer_template,
+                port=port,
+                max_concurrency=max_concurrency,
+                overrides=overrides,
+            )
+            module_args: tuple[str, ...] = ("control_plane_broker",)
+            if cprofile_first and index == 0:
+                profile = str(workdir / "broker.prof")
+                module_args = ("cProfile", "-o", profile, "-m", "control_plane_broker")
+            child = python_child(
+                f"compass-broker-{index}",
+                module_args[0],
+                *module_args[1:],
+                env=env,
+                log_path=workdir / f"broker-{index}.log",
+            )
+            brokers.append(Broker(child=child, url=f"http://127.0.0.1:{port}"))
+        for broker in brokers:
+            wait_http_ok(f"{broker.url}/readyz", timeout=120, child=broker.child)
+    except BaseException:
+        for broker in brokers:
+            broker.child.stop()
+        raise
+    return brokers
 
 
 def run_workdir(base: Path, name: str) -> Path:

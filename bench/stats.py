@@ -108,3 +108,20 @@ def cumulative(times: Sequence[float], *, since: float) -> tuple[list[float], li
     """Step series for a plot: (seconds since `since`, count connected by then)."""
     xs = [t - since for t in sorted(times)]
     return xs, list(range(1, len(xs) + 1))
+
+
+def run_deadline(bound: float, *, cap: float, floor: float = 300.0, factor: float = 10.0) -> float:
+    """How long one fleet run may take: long enough to see the tail (factor x the bound, at
+    least `floor`), never longer than `cap`."""
+    return min(cap, max(floor, factor * bound))
+
+
+def split_at(times: Iterable[float], moment: float) -> tuple[list[float], list[float]]:
+    """Sorted event times before `moment` and from it on."""
+    ordered = sorted(times)
+    return [t for t in ordered if t < moment], [t for t in ordered if t >= moment]
+
+
+def mean_or_none(total: float, count: int) -> float | None:
+    """total / count, None for no count (a figure that does not exist is not zero)."""
+    return total / count if count else None

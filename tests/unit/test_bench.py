@@ -1,28 +1,33 @@
-"""The pure parts of the benchmarks: bounds, percentiles, windows, /proc parsing, tokens and
-the report. No processes, no network."""
+"""The pure parts of the benchmarks: bounds, percentiles, windows, /proc and metrics parsing,
+the plan of runs, profiles, tokens, the report and the JSON. No processes, no network."""
 
 from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
 
 import jwt
 import pytest
 
 from agent.outcomes import Refused, Temporary
 from bench import report, stats
-from bench.fleet import outcome_label
+from bench.fleet import assign_brokers, outcome_label, split_evenly
+from bench.jsonout import to_json
 from bench.jwks_server import jwks_path, runtime_of
 from bench.keys import new_runtime_keys, sign_token
-from bench.procs import parse_stat_cpu, parse_status_kib
-from bench.results import (
-    BenchReport,
-    ColdStartResult,
-    DirectorCounts,
-    FootprintResult,
-    Integrity,
-    LatencyFigures,
-    Machine,
-    OutageResult,
-    SteadyResult,
+from bench.plan import RunSpec, deadline, fleet_runs
+from bench.procs import (
+    CpuSnapshot,
+    cpu_by_role,
+    parse_machine_busy,
+    parse_stat_cpu,
+    parse_status_kib,
+    process_role,
 )
+from bench.profiling import frame_name, summarise_collapsed
+from bench.prometheus import KcpRequests, delta, gauge_value, parse_request_counts
+from tests.unit.bench_fixtures import a_report, a_run
 
 
 def test_capacity_bound_is_n_times_calls_times_latency_over_capacity() -> None:
@@ -125,206 +130,242 @@ def test_outcome_labels_name_status_and_problem_type() -> None:
     )
 
 
+# --- readings -------------------------------------------------------------------------------
+
+
+def test_machine_busy_time_leaves_out_idle_and_iowait() -> None:
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat = "cpu  100 5 50 1000 40 3 2 0 7 0\ncpu0 1 2 3 4 5 6 7 8 9 0\n"
+    assert parse_machine_busy(stat, ticks=100) == pytest.approx((100 + 5 + 50 + 3 + 2) / 100)
+    with pytest.raises(ValueError):
+        parse_machine_busy("intr 1 2 3\n")
+
+
+def test_processes_are_named_by_their_role() -> None:
+    py = "/venv/bin/python"
+    assert process_role([py, "-m", "control_plane_broker"]) == "broker"
+    assert process_role([py, "-m", "cProfile", "-o", "x", "-m", "control_plane_broker"]) == (
+        "broker"
+    )
+    assert process_role([py, "-m", "bench.fleet", "job.json"]) == "fleet"
+    assert process_role([py, "-m", "devenv.compass_sim", "--client-id", "x"]) == "compass-sim"
+    assert process_role(["/cache/bin/kube-apiserver", "--etcd-servers=x"]) == "kube-apiserver"
+    assert process_role(["/cache/bin/etcd", "--name=x"]) == "etcd"
+    assert process_role(["/usr/bin/sleep", "5"]) == "sleep"
+    assert process_role([]) == "other"
+
+
+def test_cpu_by_role_counts_new_processes_from_zero_and_adds_self_reports() -> None:
+    before = CpuSnapshot(at=0, machine_busy=10, own=1.0, by_pid={1: ("broker", 5.0)})
+    after = CpuSnapshot(
+        at=10, machine_busy=25, own=1.5, by_pid={1: ("broker", 9.0), 2: ("etcd", 0.5)}
+    )
+    roles = cpu_by_role(before, after, extra={"fleet": 3.0})
+    assert roles == {"bench (harness)": 0.5, "broker": 4.0, "etcd": 0.5, "fleet": 3.0}
+
+
+def _sample(verb: str, resource: str, value: int, *, sub: str = "", code: str = "200") -> str:
+    group = "operator.kyma-project.io" if resource.startswith("compass") else ""
+    labels = (
+        f'code="{code}",component="apiserver",dry_run="",group="{group}",'
+        f'resource="{resource}",scope="resource",subresource="{sub}",verb="{verb}",version="v1"'
+    )
+    return f"apiserver_request_total{{{labels}}} {value}"
+
+
+APISERVER_METRICS = "\n".join(
+    [
+        "# HELP apiserver_request_total [STABLE] Counter of apiserver requests",
+        "# TYPE apiserver_request_total counter",
+        _sample("GET", "compassmanagermappings", 7),
+        _sample("GET", "compassmanagermappings", 3, code="404"),
+        _sample("PATCH", "compassmanagermappings", 4, sub="status"),
+        _sample("POST", "events", 2, code="201"),
+        _sample("PATCH", "events", 5),
+        _sample("GET", "", 9, sub="/metrics"),  # a non-resource URL
+        'apiserver_request_total_other{verb="GET",resource="x"} 100',
+        'apiserver_current_inflight_requests{request_kind="mutating"} 0',
+    ]
+)
+
+
+def test_apiserver_request_counts_by_verb_and_resource_without_non_resource_urls() -> None:
+    counts = parse_request_counts(APISERVER_METRICS)
+    assert counts == {
+        "GET compassmanagermappings": 10,
+        "PATCH compassmanagermappings/status": 4,
+        "POST events": 2,
+        "PATCH events": 5,
+    }
+    before = {"GET compassmanagermappings": 4, "POST events": 2}
+    assert delta(before, counts) == {
+        "GET compassmanagermappings": 6,
+        "PATCH compassmanagermappings/status": 4,
+        "PATCH events": 5,
+    }
+    kcp = KcpRequests(delta(before, counts))
+    assert kcp.total == 15
+    assert (kcp.events_created, kcp.events_updated) == (0, 5)
+
+
+def test_gauge_value_reads_one_unlabelled_sample() -> None:
+    text = "# HELP broker_circuit_breaker_open x\nbroker_circuit_breaker_open 1.0\nother 2\n"
+    assert gauge_value(text, "broker_circuit_breaker_open") == 1.0
+    assert gauge_value(text, "missing") is None
+
+
+def test_collapsed_stacks_give_own_time_and_the_innermost_broker_frame() -> None:
+    stacks = (
+        "<module> (runpy.py:1);run (/repo/control_plane_broker/api/app.py:10);"
+        "_assign (/venv/lib/python3.11/site-packages/httpcore/_pool.py:228) 60\n"
+        "<module> (runpy.py:1);run (/repo/control_plane_broker/api/app.py:12);"
+        "_assign (/venv/lib/python3.11/site-packages/httpcore/_pool.py:230) 20\n"
+        "<module> (runpy.py:1);select (/usr/lib/python3.11/selectors.py:468) 20\n"
+        "garbage line\n"
+    )
+    samples, own, ours = summarise_collapsed(stacks)
+    assert samples == 100
+    assert [(f.frame, f.share) for f in own] == [
+        ("_assign (httpcore/_pool.py)", 0.8),
+        ("select (selectors.py)", 0.2),
+    ]
+    assert [(f.frame, f.share) for f in ours] == [("run (api/app.py)", 0.8)]
+    assert summarise_collapsed("") == (0, [], [])
+    assert frame_name("f (/a/b/c.py:3)") == "f (b/c.py)"
+
+
+# --- the plan of runs ---------------------------------------------------------------------------
+
+
+def test_the_plan_runs_small_sizes_first_shares_rows_and_profiles_the_largest_cold_start() -> None:
+    plan = a_report().plan
+    runs = fleet_runs(plan, ("cold", "outage", "legacy", "identity", "replicas"), profile=True)
+    labels = [r.label for r in runs]
+    assert labels == [
+        "cold N=100 L=100ms",
+        "outage N=100 L=100ms",
+        "cold N=1,000 L=100ms",
+        "outage N=1,000 L=100ms",
+        "cold N=100 L=50ms",
+        "outage N=100 L=50ms",
+        "cold N=1,000 L=100ms, tokenreview",
+        "cold N=1,000 L=100ms, 2 replicas",
+    ]
+    assert [r.label for r in runs if r.profile] == ["cold N=1,000 L=100ms"]
+    only_identity = fleet_runs(plan, ("identity",))
+    assert [r.identity_mode for r in only_identity] == ["jwks", "tokenreview"]
+
+
+def test_deadline_is_ten_bounds_at_least_300_s_capped_and_an_outage_adds_t() -> None:
+    plan = a_report().plan  # C = 8, L = 0.1, T = 60, cap 1800
+    assert deadline(plan, RunSpec("cold", 100, 0.1)) == 300.0
+    assert deadline(plan, RunSpec("cold", 5000, 0.1)) == 1250.0
+    assert deadline(plan, RunSpec("outage", 5000, 0.1)) == 1310.0
+    assert deadline(plan, RunSpec("cold", 100_000, 0.1)) == 1800.0
+
+
+def test_agents_are_spread_round_robin_over_replicas_and_processes() -> None:
+    assert assign_brokers(["a", "b", "c", "d", "e"], 2) == [0, 1, 0, 1, 0]
+    assert assign_brokers(["a", "b"], 1) == [0, 0]
+    with pytest.raises(ValueError):
+        assign_brokers(["a"], 0)
+    assert split_evenly([1, 2, 3, 4, 5], 2) == [[1, 3, 5], [2, 4]]
+    assert split_evenly([1], 3) == [[1]]
+
+
 # --- the report ------------------------------------------------------------------------------
 
 
-def _counts(n: int, lookups: float, peak: int = 8) -> DirectorCounts:
-    return DirectorCounts(
-        by_operation={
-            "runtimes": int(n * lookups),
-            "registerRuntime": n,
-            "requestOneTimeTokenForRuntime": n,
-        },
-        peak_in_flight=peak,
-        peak_active=peak,
-    )
-
-
-def _figures(p99: float, cpu: float, count: int) -> LatencyFigures:
-    return LatencyFigures(
-        requests=count,
-        statuses={"201": count},
-        p50_ms=p99 / 2,
-        p99_ms=p99,
-        max_ms=p99 * 1.5,
-        seconds=2.0,
-        broker_cpu_seconds=cpu,
-        counted=count,
-    )
-
-
-def _report(*, recovery: float, lookups: float, p99: float, rss_mb: float) -> BenchReport:
-    integrity = Integrity(
-        registrations=100, distinct_runtimes=100, duplicates=0, mappings_recorded=100
-    )
-    r = BenchReport(
-        command="python -m bench",
-        machine=Machine(
-            cpus=2, cpu_model="cpu", python="3.11.7", platform="Linux", load_before=(1, 1, 1)
-        ),
-        capacity=8,
-        latency=0.05,
-        outage_seconds=60,
-        sizes=[100],
-    )
-    r.cold.append(
-        ColdStartResult(
-            n=100,
-            capacity=8,
-            latency=0.05,
-            connected=100,
-            seconds=1.5,
-            bound=1.25,
-            director=_counts(100, lookups),
-            integrity=integrity,
-            attempts={"201": 100, "503 compass-unavailable": 7},
-            broker_cpu_seconds=3.0,
-            timed_out=False,
-        )
-    )
-    r.outage.append(
-        OutageResult(
-            n=100,
-            capacity=8,
-            latency=0.05,
-            outage_seconds=60,
-            connected=100,
-            connected_during_outage=0,
-            recovery_seconds=recovery,
-            first_connect_after_return=0.5,
-            bound=1.25,
-            calls_during_outage=7,
-            calls_first_window=5,
-            max_calls_per_window_after=1,
-            director_after_return=_counts(100, lookups, peak=8),
-            integrity=integrity,
-            attempts={"201": 100},
-            broker_cpu_seconds=4.0,
-            timed_out=False,
-            connect_times=[61.0, 62.0],
-            up_at=60.0,
-        )
-    )
-    r.steady = SteadyResult(
-        runtimes=100,
-        callers=200,
-        issued=_figures(p99, 1.0, 300),
-        single=_figures(3.0, 0.1, 50),
-        rejected=LatencyFigures(
-            requests=300,
-            statuses={"503": 300},
-            p50_ms=2.0,
-            p99_ms=4.0,
-            max_ms=5.0,
-            seconds=1.0,
-            broker_cpu_seconds=0.15,
-            counted=300,
-        ),
-        director_p50_ms=0.5,
-        director_p99_ms=1.0,
-    )
-    r.footprint = FootprintResult(
-        idle_seconds=60,
-        cpu_seconds=0.3,
-        peak_rss_bytes=int(rss_mb * 1024 * 1024),
-        rss_bytes_end=int(rss_mb * 1024 * 1024),
-        connect_seconds=2.0,
-        pulls=1,
-    )
-    return r
-
-
-def _status(r: BenchReport, start: str) -> str:
-    matches = [v.status for v in report.verdicts(r) if v.target.startswith(start)]
-    assert len(matches) == 1, start
+def _status(r: object, start: str) -> str:
+    matches = [v.status for v in report.verdicts(r) if v.target.startswith(start)]  # type: ignore[arg-type]
+    assert len(matches) == 1, (start, [v.target for v in report.verdicts(r)])  # type: ignore[arg-type]
     return matches[0]
 
 
 def test_verdicts_follow_the_figures() -> None:
-    good = _report(recovery=1.5, lookups=0.0, p99=8.0, rss_mb=50)
-    assert _status(good, "Outage recovery") == "met"  # 1.5 / 1.25 = 1.2x
-    assert _status(good, "At most 1 Director probe") == "met"
-    assert _status(good, "Exactly 2 Director calls") == "met"
-    assert _status(good, "Broker overhead p99") == "met"
-    assert _status(good, "A 503 costs") == "met"  # 0.5 ms per 503
+    good = a_report(ratio=1.2, calls=2.0, overhead_p99=8.0, rss_mb=50, window=1)
+    assert _status(good, "Cold start N = 1,000") == "met"
+    assert _status(good, "Outage recovery N = 1,000") == "met"
+    assert _status(good, "≤ 2.05 Director calls") == "met"
+    assert _status(good, "Outage: ≤ 1 call") == "met"
+    assert _status(good, "Steady, one caller") == "met"
+    assert _status(good, "Steady, 200 concurrent callers: ≥ 300") == "met"
+    assert _status(good, "Steady, 200 concurrent callers: 0 answers") == "met"
+    assert _status(good, "Broker CPU per token") == "met"
+    assert _status(good, "Broker CPU per 503") == "met"
+    assert _status(good, "KCP requests per token") == "met"
+    assert _status(good, "Identity mode `tokenreview`") == "met"
+    assert _status(good, "2 broker replicas") == "met"
     assert _status(good, "Agent peak RSS") == "met"
-    assert _status(good, "Agent idle CPU") == "met"  # 0.5 %
+    assert _status(good, "Cold start N = 5,000") == "not measured"  # not in this run
+    assert _status(good, "Broker peak RSS at N = 5,000") == "not measured"
 
-    bad = _report(recovery=2.0, lookups=2.0, p99=12.0, rss_mb=90)
-    assert _status(bad, "Outage recovery") == "not met"  # 1.6x
-    assert _status(bad, "Exactly 2 Director calls") == "not met"  # 4 per runtime
-    assert _status(bad, "Broker overhead p99") == "not met"
+    bad = a_report(ratio=1.3, calls=2.1, overhead_p99=12.0, rss_mb=90, window=2)
+    assert _status(bad, "Cold start N = 1,000") == "not met"
+    assert _status(bad, "Outage recovery N = 1,000") == "not met"
+    assert _status(bad, "≤ 2.05 Director calls") == "not met"
+    assert _status(bad, "Outage: ≤ 1 call") == "not met"
+    assert _status(bad, "Steady, one caller") == "not met"
     assert _status(bad, "Agent peak RSS") == "not met"
 
 
+def test_a_run_that_did_not_connect_everyone_or_made_duplicates_is_not_met() -> None:
+    r = a_report()
+    r.runs[0] = a_run(scenario="cold", n=1000, ratio=1.0, connected=999)
+    assert _status(r, "Cold start N = 1,000") == "not met"
+    r.runs[0] = a_run(scenario="cold", n=1000, ratio=1.0, duplicates=1)
+    assert _status(r, "Cold start N = 1,000") == "not met"
+
+
 def test_missing_scenarios_are_not_measured_rather_than_met() -> None:
-    r = _report(recovery=1.0, lookups=0.0, p99=1.0, rss_mb=1)
-    r.outage.clear()
+    r = a_report()
+    r.runs.clear()
     r.steady = None
     r.footprint = None
     statuses = {v.target: v.status for v in report.verdicts(r)}
-    assert statuses["Outage recovery and probes"] == "not measured"
-    assert statuses["Broker overhead and cost of a 503"] == "not measured"
+    assert statuses["Steady state (registered runtimes, Director answering at once)"] == (
+        "not measured"
+    )
+    assert statuses["Identity mode `tokenreview`, cold start"] == "not measured"
+    assert statuses["Two broker replicas share a cold start"] == "not measured"
     assert statuses["Agent footprint"] == "not measured"
+    assert all(v.status == "not measured" for v in report.verdicts(r))
 
 
-def test_render_has_machine_command_tables_ratios_and_findings() -> None:
-    r = _report(recovery=2.0, lookups=2.0, p99=12.0, rss_mb=90)
-    r.plot_file = "benchmarks-outage.png"
-    r.revision = "commit abc1234 with uncommitted changes in agent"
+def test_render_has_machine_command_every_table_and_findings() -> None:
+    r = a_report(ratio=1.3, calls=4.0, overhead_p99=12.0, rss_mb=90, window=2)
+    r.plots = {"cold": "benchmarks-cold.png", "outage": "benchmarks-outage.png"}
+    r.commit, r.uncommitted = "abc1234", ["agent"]
     r.notes = report.findings(r)
     text = report.render(r)
     assert "- code measured: commit abc1234 with uncommitted changes in agent" in text
     assert "CPUs: 2" in text
-    assert "Python 3.11.7" in text
-    assert "`python -m bench`" in text
-    assert "| 100 | 100 | 1.5 | 1.2 | 1.20x |" in text  # cold start: time, bound, ratio
-    assert "1.60x" in text  # outage recovery ratio
+    assert "`make bench`" in text
+    # cold start row: N, connected, time, bound, ratio, target
+    assert "| 1,000 | 1,000 | 32.5 | 25.0 | 1.30x | not met | 4.00 |" in text
     assert "2.00 lookup + 1.00 register + 1.00 token" in text
     assert "![Connected runtimes through the outage](benchmarks-outage.png)" in text
-    assert "4.00" in text  # calls per runtime
-    assert "`runtimes` queries" in text  # the lookup finding
+    assert "| tokenreview | 1 | 1,000 |" in text
+    assert "| jwks | 2 | 1,000 |" in text
+    assert "## 7. Who used the cores" in text
+    assert "`runtimes` lookups per new runtime" in text
+    assert "Events created 0, aggregated into existing ones 300" in text
     assert "**not met**" in text
     assert text.endswith("\n")
 
 
-def test_the_reduction_note_says_why_from_the_figures() -> None:
-    r = _report(recovery=2.0, lookups=2.0, p99=12.0, rss_mb=90)
-    r.sizes = [100]
-    note = report.reduction_note(r)
-    assert note is not None
-    assert "N = 100, not 5,000 (50x smaller)" in note
-    assert "chosen on the command line" in note  # the cold start connected all 100
-    stuck = r.cold[0]
-    r.cold[0] = ColdStartResult(**{**stuck.__dict__, "connected": 8, "seconds": None})
-    note = report.reduction_note(r)
-    assert note is not None
-    assert "already at N = 100 the broker connected only 8 of 100" in note
-    r.sizes = [100, 5000]
-    assert report.reduction_note(r) is None
-    assert report.static_notes([100], {"BROKER_X": "1"}) == [
-        "Broker settings changed for every run: `BROKER_X=1`."
-    ]
-
-
-def test_findings_explain_a_leaky_breaker_and_costs_that_grow_with_concurrency() -> None:
-    r = _report(recovery=2.0, lookups=2.0, p99=12.0, rss_mb=90)
-    assert not any("came within 5 s" in n for n in report.findings(r))
-    r.outage[0] = OutageResult(**{**r.outage[0].__dict__, "max_calls_per_window_after": 100})
+def test_findings_name_a_busy_fleet_and_answers_other_than_201() -> None:
+    r = a_report()
+    assert not any("sending side" in n for n in report.findings(r))
+    r.runs[0] = a_run(scenario="cold", n=1000, ratio=1.0, fleet_cpu=30.0)  # 32 s wall
     assert r.steady is not None
-    r.steady = SteadyResult(
-        **{
-            **r.steady.__dict__,
-            "issued": LatencyFigures(
-                **{**r.steady.issued.__dict__, "statuses": {"201": 250, "503": 50}}
-            ),
-        }
-    )
+    issued = r.steady.issued
+    r.steady = replace(r.steady, issued=replace(issued, statuses={"201": 250, "503": 50}))
     notes = report.findings(r)
-    assert any("up to 100 came within 5 s" in n for n in notes)
-    assert any("50 of 300 requests of registered runtimes got 503" in n for n in notes)
-    # 1.0 CPU s / 300 tokens = 3.3 ms at 200 callers vs 0.1 / 50 = 2 ms alone: 1.67x
-    assert any("3.3 ms with 200" in n for n in notes)
+    assert any("the fleet used 94% of a core" in n for n in notes)
+    assert any(
+        "50 of 300 requests of registered runtimes were not answered 201" in n for n in notes
+    )
 
 
 def test_the_opening_burst_ends_at_the_first_pause() -> None:
@@ -333,3 +374,60 @@ def test_the_opening_burst_ends_at_the_first_pause() -> None:
     assert rest == [40.0, 70.1]
     assert stats.split_at_first_gap([1.0, 2.0], 5.0) == ([1.0, 2.0], [])
     assert stats.split_at_first_gap([], 5.0) == ([], [])
+    assert stats.split_at([3.0, 1.0, 2.0], 2.0) == ([1.0], [2.0, 3.0])
+
+
+# --- the JSON ----------------------------------------------------------------------------------
+
+JSON_DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks-json.md"
+
+
+def documented_keys() -> dict[str, list[str]]:
+    """Section title -> the keys of its table, in docs/benchmarks-json.md."""
+    sections: dict[str, list[str]] = {}
+    current = ""
+    for line in JSON_DOC.read_text().splitlines():
+        if line.startswith("## "):
+            current = line[3:].strip()
+            sections[current] = []
+        elif current and line.startswith("| `"):
+            sections[current].append(line.split("`")[1])
+    return sections
+
+
+def test_the_json_has_exactly_the_documented_shape() -> None:
+    doc = documented_keys()
+    data = to_json(a_report())
+    assert list(data) == doc["Top level"]
+    by_scenario: dict[str, list[dict[str, object]]] = {}
+    for run in data["runs"]:
+        by_scenario.setdefault(str(run["scenario"]), []).append(run)
+    assert set(by_scenario) == {"cold", "outage", "steady", "footprint"}
+    for scenario, records in by_scenario.items():
+        expected = doc[f"Runs with `scenario` = `{scenario}`"]
+        for record in records:
+            assert sorted(record) == sorted(expected), scenario
+    cold = next(r for r in by_scenario["cold"] if r["table"] == "primary")
+    assert cold["seconds"] == 30.0
+    assert cold["bound"] == 25.0
+    assert cold["ratio"] == 1.2
+    assert cold["director_calls"] == {
+        "registerRuntime": 1000,
+        "requestOneTimeTokenForRuntime": 1000,
+        "runtimes": 0,
+    }
+    assert cold["calls_per_runtime"] == 2.0
+    assert cold["identity_mode"] == "jwks"
+    assert cold["replicas"] == 1
+    assert {r["table"] for r in by_scenario["cold"]} == {"primary", "identity", "replicas"}
+    outage = by_scenario["outage"][0]
+    assert outage["recovery_seconds"] == 30.0
+    assert "seconds" not in outage
+    assert outage["calls_per_5s_after_open"] == [1, 0, 1]
+    assert {r["phase"] for r in by_scenario["steady"]} == {
+        "one-caller",
+        "concurrent",
+        "breaker-open",
+    }
+    assert data["commit"] == "abc1234"
+    json.dumps(data)  # plain JSON all the way down
