@@ -156,19 +156,23 @@ class StatusRecorder:
             log.warning(
                 "could not update mapping status", extra={"kyma": kyma.name, "error": str(exc)}
             )
+        # One Event per token, aggregated (count + lastTimestamp) for repeats; a registration
+        # says both in one, so a new runtime costs one Event write, not two.
         if registered.outcome == "registered":
             await self._events.record(
                 kyma_name=kyma.name,
                 kyma_uid=kyma.uid,
                 reason="RuntimeRegistered",
-                message=f"registered in Compass as runtime {registered.compass_id}",
+                message=f"registered in Compass as runtime {registered.compass_id}; "
+                "one-time token issued to the runtime agent",
             )
-        await self._events.record(
-            kyma_name=kyma.name,
-            kyma_uid=kyma.uid,
-            reason="TokenIssued",
-            message="one-time token issued to the runtime agent",
-        )
+        else:
+            await self._events.record(
+                kyma_name=kyma.name,
+                kyma_uid=kyma.uid,
+                reason="TokenIssued",
+                message="one-time token issued to the runtime agent",
+            )
 
     async def failed(
         self,

@@ -82,7 +82,9 @@ async def run(  # noqa: PLR0915
         kcp_access,
         user_agent="compass-broker",
         timeout=10.0,
-        max_connections=32,
+        # httpcore polls every idle pooled connection on each request: a few busy
+        # connections serve a burst faster than many idle ones.
+        max_connections=8,
         on_request=metrics.on_kube_request,
     )
     kymas = kyma_informer(kcp, namespace=ns, delay=watch_backoff)
@@ -150,7 +152,7 @@ async def run(  # noqa: PLR0915
     )
     keys_http = httpx.AsyncClient(
         timeout=httpx.Timeout(10.0),
-        limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+        limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
         trust_env=False,
     )
     allowed = settings.allowed_service_account_set()

@@ -10,13 +10,15 @@ transport error, a body that is not a JSON object, a list without an `items` lis
 line that is not a JSON event, an ERROR event — never a ValueError, KeyError or TypeError;
 answers and watch lines are bounded in size (`max_body_bytes`); `on_request(verb, status)` is
 called once for every request sent (status None when none came back), so callers can count
-API-server requests; each running watch holds one of the `max_connections` connections;
+API-server requests; at most `max_connections` requests are in flight (the rest wait in a
+semaphore, not in httpcore's pool), and watches hold connections of their own;
 environment proxies and `.netrc` are ignored (where we connect is the kubeconfig's business);
 the bearer token is asked of `ClusterAccess.bearer()` per request, so rotated files are used.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
@@ -142,6 +144,9 @@ class _Bearer(httpx.Auth):
         yield request
 
 
+WATCH_CONNECTIONS = 8  # room for the watches one client runs besides its requests
+
+
 class KubeClient:
     def __init__(
         self,
@@ -158,13 +163,18 @@ class KubeClient:
         self._timeout = timeout
         self._on_request = on_request
         self._max_body = max_body_bytes
+        # Requests wait here, not in httpcore's pool: its bookkeeping grows with the requests
+        # queued times the connections, which under a burst of thousands is most of the CPU.
+        self._slots = asyncio.Semaphore(max_connections)
         self._http = httpx.AsyncClient(
             base_url=access.server,
             verify=access.ssl_context(),
             auth=_Bearer(access),
             timeout=httpx.Timeout(timeout),
             limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
+                # Watches hold a connection each and do not take a request slot.
+                max_connections=max_connections + WATCH_CONNECTIONS,
+                max_keepalive_connections=max_connections,
             ),
             transport=transport,
             trust_env=False,
@@ -213,13 +223,16 @@ class KubeClient:
         status: int | None = None
         try:
             with _translated(what):
-                async with self._http.stream(
-                    method,
-                    path,
-                    params=params,
-                    content=None if body is None else json.dumps(body).encode(),
-                    headers=headers or None,
-                ) as response:
+                async with (
+                    self._slots,
+                    self._http.stream(
+                        method,
+                        path,
+                        params=params,
+                        content=None if body is None else json.dumps(body).encode(),
+                        headers=headers or None,
+                    ) as response,
+                ):
                     status = response.status_code
                     raw = await self._read(response, what)
         finally:

@@ -14,6 +14,7 @@ RS256 and ES256 only; iss, aud, exp, nbf checked. No call per request once keys 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class JwksVerifier:
         refetch_seconds: float = 10.0,
         max_age_seconds: float = 300.0,
         leeway: float = 5.0,
+        max_concurrent_fetches: int = 16,
     ) -> None:
         self._access = access
         self._audience = audience
@@ -68,6 +70,9 @@ class JwksVerifier:
         self._keys: dict[str, _Keys] = {}
         self._failed_at: dict[str, float] = {}
         self._fetches: SingleFlight[_Keys] = SingleFlight()
+        # Fetches wait here rather than in the HTTP client's pool (whose bookkeeping grows with
+        # its queue); a cold start of thousands of runtimes fetches this many keys at a time.
+        self._fetch_slots = asyncio.Semaphore(max_concurrent_fetches)
 
     async def _fetch(self, runtime_id: str) -> _Keys:
         try:
@@ -104,7 +109,8 @@ class JwksVerifier:
                 "the runtime's issuer keys are unavailable", retry_after=5
             )
         try:
-            keys = await self._fetch(runtime_id)
+            async with self._fetch_slots:
+                keys = await self._fetch(runtime_id)
         except ControlPlaneUnavailable:
             self._failed_at[key] = self._clock()
             raise
