@@ -357,44 +357,53 @@ def _steady_verdicts(report: BenchReport) -> list[Verdict]:
 # --- tables -----------------------------------------------------------------------------------
 
 
+def _connected(r: FleetRunResult) -> str:
+    return f"{r.connected:,}" + (" (deadline)" if r.timed_out else "")
+
+
+def _time_cells(r: FleetRunResult) -> list[str]:
+    return [_fmt(r.time), _fmt(r.bound), _fmt(r.ratio, 2) + "x", _met(_ratio_ok(r))]
+
+
+def _cost_cells(r: FleetRunResult) -> list[str]:
+    return [
+        _fmt(r.calls_per_runtime, 2),
+        _calls_breakdown(r.director, _newly(r)),
+        f"{r.director.peak_in_flight} / {r.capacity}",
+        f"{r.integrity.duplicates}",
+        _kcp_per_runtime(r),
+        _fmt(r.broker_cpu_seconds),
+        _fmt(r.broker_rss_peak_mb),
+        _attempts(r.attempts, r.connected),
+    ]
+
+
+TIME_HEADER = ["bound (s)", "ratio", f"≤ {RATIO_TARGET}x"]
+COST_HEADER = [
+    f"Director calls / new runtime (≤ {CALLS_PER_RUNTIME_TARGET})",
+    "by operation / new runtime",
+    "peak Director calls in flight / C",
+    "duplicates",
+    "KCP requests / runtime",
+    "broker CPU (s, all replicas)",
+    "broker peak RSS (MB, largest replica)",
+    "agent attempts (by answer)",
+]
+
+
 def _cold_rows(runs: Sequence[FleetRunResult]) -> list[list[str]]:
     return [
         [
             f"{r.n:,}" + (f" (profiled, {r.profiled})" if r.profiled else ""),
-            f"{r.connected:,}" + (" (deadline)" if r.timed_out else ""),
-            _fmt(r.seconds),
-            _fmt(r.bound),
-            _fmt(r.ratio, 2) + "x",
-            _met(_ratio_ok(r)),
-            _fmt(r.calls_per_runtime, 2),
-            _calls_breakdown(r.director, _newly(r)),
-            f"{r.director.peak_in_flight} / {r.capacity}",
-            f"{r.integrity.duplicates}",
-            _kcp_per_runtime(r),
-            _fmt(r.broker_cpu_seconds),
-            _fmt(r.broker_rss_peak_mb),
-            _attempts(r.attempts, r.connected),
+            _connected(r),
+            *_time_cells(r),
+            *_cost_cells(r),
         ]
         for r in runs
     ]
 
 
-COLD_HEADER = [
-    "N",
-    "connected",
-    "time to all (s)",
-    "bound (s)",
-    "ratio",
-    f"≤ {RATIO_TARGET}x",
-    f"Director calls / runtime (≤ {CALLS_PER_RUNTIME_TARGET})",
-    "by operation / runtime",
-    "peak Director calls in flight / C",
-    "duplicates",
-    "KCP requests / runtime",
-    "broker CPU (s)",
-    "broker peak RSS (MB)",
-    "agent attempts (by answer)",
-]
+COLD_HEADER = ["N", "connected", "time to all (s)", *TIME_HEADER, *COST_HEADER]
 
 
 def _windows(run: FleetRunResult) -> str:
@@ -410,24 +419,15 @@ def _outage_rows(runs: Sequence[FleetRunResult]) -> list[list[str]]:
         [
             f"{r.n:,}",
             _fmt(r.outage_seconds, 0),
-            f"{r.connected:,}" + (" (deadline)" if r.timed_out else ""),
+            _connected(r),
             f"{r.calls_during_outage} ({r.oauth_calls_during_outage} OAuth)",
             _fmt(r.breaker_opened_after),
             f"{r.opening_burst}",
             f"{r.max_calls_per_window_after}",
             _windows(r),
             _fmt(r.first_connect_after_return),
-            _fmt(r.recovery_seconds),
-            _fmt(r.bound),
-            _fmt(r.ratio, 2) + "x",
-            _met(_ratio_ok(r)),
-            _fmt(r.calls_per_runtime, 2),
-            _calls_breakdown(r.director, _newly(r)),
-            f"{r.director.peak_in_flight} / {r.capacity}",
-            f"{r.integrity.duplicates}",
-            _fmt(r.broker_cpu_seconds),
-            _fmt(r.broker_rss_peak_mb),
-            _attempts(r.attempts, r.connected),
+            *_time_cells(r),
+            *_cost_cells(r),
         ]
         for r in runs
     ]
@@ -444,16 +444,8 @@ OUTAGE_HEADER = [
     "calls per 5 s window after it opened",
     "first connect after return (s)",
     "recovery (s)",
-    "bound (s)",
-    "ratio",
-    f"≤ {RATIO_TARGET}x",
-    f"Director calls / runtime after return (≤ {CALLS_PER_RUNTIME_TARGET})",
-    "by operation / runtime",
-    "peak in flight / C",
-    "duplicates",
-    "broker CPU (s)",
-    "broker peak RSS (MB)",
-    "agent attempts (by answer)",
+    *TIME_HEADER,
+    *COST_HEADER,
 ]
 
 
@@ -463,18 +455,10 @@ def _compare_rows(runs: Sequence[FleetRunResult]) -> list[list[str]]:
             r.identity_mode,
             f"{r.replicas}",
             f"{r.n:,}",
-            f"{r.connected:,}" + (" (deadline)" if r.timed_out else ""),
-            _fmt(r.seconds),
-            _fmt(r.bound),
-            _fmt(r.ratio, 2) + "x",
-            _met(_ratio_ok(r)),
-            _fmt(r.calls_per_runtime, 2),
-            f"{r.integrity.duplicates}",
-            _kcp_per_runtime(r),
+            _connected(r),
+            *_time_cells(r),
             _runtime_api(r),
-            _fmt(r.broker_cpu_seconds),
-            _fmt(r.broker_rss_peak_mb),
-            _attempts(r.attempts, r.connected),
+            *_cost_cells(r),
         ]
         for r in runs
     ]
@@ -494,16 +478,9 @@ COMPARE_HEADER = [
     "N",
     "connected",
     "time to all (s)",
-    "bound (s)",
-    "ratio",
-    f"≤ {RATIO_TARGET}x",
-    "Director calls / runtime",
-    "duplicates",
-    "KCP requests / runtime",
+    *TIME_HEADER,
     "TokenReviews / runtime (runtime API servers)",
-    "broker CPU (s, all replicas)",
-    "broker peak RSS (MB, largest replica)",
-    "agent attempts (by answer)",
+    *COST_HEADER,
 ]
 
 CPU_ROLES = ("broker", "fleet", "compass-sim", "kube-apiserver", "etcd", "bench (harness)")

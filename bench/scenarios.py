@@ -430,14 +430,20 @@ class Bench:
             result = FleetRunResult(**{**result.__dict__, "profiled": self.profile.tool})
         return result
 
-    async def _cold(self, run: Run, tokens: dict[str, str], deadline: float) -> FleetRunResult:
-        spec = run.spec
-        m = await self._fleet(run, self.agents(run, tokens), deadline=deadline)
-        director = await self._director_counts(run, run.sim.director_calls)
-        integrity = await self._integrity(run)
-        fleet = m.fleet
+    async def _result(
+        self,
+        run: Run,
+        m: Measured,
+        *,
+        director_calls: Sequence[DirectorCall],
+        deadline: float,
+        **scenario_figures: Any,
+    ) -> FleetRunResult:
+        """What every fleet run reports: Director calls, integrity, costs; `scenario_figures`
+        add the cold start's or the outage's own."""
+        spec, fleet = run.spec, m.fleet
         return FleetRunResult(
-            scenario="cold",
+            scenario=spec.scenario,
             n=spec.n,
             capacity=self.plan.capacity,
             latency=spec.latency,
@@ -445,8 +451,8 @@ class Bench:
             replicas=spec.replicas,
             connected=fleet.connected,
             bound=stats.capacity_bound(spec.n, latency=spec.latency, capacity=self.plan.capacity),
-            director=director,
-            integrity=integrity,
+            director=await self._director_counts(run, director_calls),
+            integrity=await self._integrity(run),
             attempts=dict(fleet.attempts),
             broker_cpu_seconds=m.broker_cpu_seconds,
             broker_rss_peak_bytes=m.broker_rss_peak_bytes,
@@ -455,12 +461,23 @@ class Bench:
             timed_out=fleet.timed_out,
             deadline_seconds=deadline,
             connect_times=sorted(t - fleet.started_at for t in fleet.connected_at.values()),
-            seconds=stats.completion_time(
-                list(fleet.connected_at.values()), since=fleet.started_at, expected=spec.n
-            ),
             ended_at=fleet.finished_at - fleet.started_at,
             lost_log_records=run.sim.lost_records,
             runtime_api=m.runtime_api,
+            **scenario_figures,
+        )
+
+    async def _cold(self, run: Run, tokens: dict[str, str], deadline: float) -> FleetRunResult:
+        m = await self._fleet(run, self.agents(run, tokens), deadline=deadline)
+        fleet = m.fleet
+        return await self._result(
+            run,
+            m,
+            director_calls=run.sim.director_calls,
+            deadline=deadline,
+            seconds=stats.completion_time(
+                list(fleet.connected_at.values()), since=fleet.started_at, expected=run.spec.n
+            ),
         )
 
     async def _outage(self, run: Run, tokens: dict[str, str], deadline: float) -> FleetRunResult:
@@ -490,8 +507,6 @@ class Bench:
         during = [c.at for c in calls if down_at <= c.at < up_at]
         oauth_during = sum(1 for c in calls if c.endpoint == "oauth" and down_at <= c.at < up_at)
         after = [c for c in run.sim.director_calls if c.at >= up_at]
-        director_after = await self._director_counts(run, after)
-        integrity = await self._integrity(run)
         if run.breaker_opened_at is not None:
             burst, probes = stats.split_at(during, run.breaker_opened_at)
             rule = "calls before the broker's breaker gauge first read open (read every 0.5 s)"
@@ -504,26 +519,11 @@ class Bench:
             opened_after = None
             windows_from = probes[0] if probes else up_at
         connected = list(m.fleet.connected_at.values())
-        fleet_result = m.fleet
-        return FleetRunResult(
-            scenario="outage",
-            n=spec.n,
-            capacity=plan.capacity,
-            latency=spec.latency,
-            identity_mode=spec.identity_mode,
-            replicas=spec.replicas,
-            connected=fleet_result.connected,
-            bound=stats.capacity_bound(spec.n, latency=spec.latency, capacity=plan.capacity),
-            director=director_after,
-            integrity=integrity,
-            attempts=dict(fleet_result.attempts),
-            broker_cpu_seconds=m.broker_cpu_seconds,
-            broker_rss_peak_bytes=m.broker_rss_peak_bytes,
-            kcp=m.kcp,
-            cpu=m.cpu,
-            timed_out=fleet_result.timed_out,
-            deadline_seconds=deadline,
-            connect_times=sorted(t - down_at for t in connected),
+        return await self._result(
+            run,
+            m,
+            director_calls=after,
+            deadline=deadline,
             outage_seconds=up_at - down_at,
             recovery_seconds=stats.completion_time(connected, since=up_at, expected=spec.n),
             connected_during_outage=sum(1 for t in connected if t < up_at),
@@ -544,9 +544,6 @@ class Bench:
             ),
             max_calls_per_window_after=stats.max_in_sliding_window(probes, PROBE_WINDOW),
             up_at=up_at - down_at,
-            ended_at=fleet_result.finished_at - down_at,
-            lost_log_records=run.sim.lost_records,
-            runtime_api=m.runtime_api,
         )
 
     # -- steady state ---------------------------------------------------------------------

@@ -80,20 +80,11 @@ class ApiServer:
         self, namespace: str, keys: Sequence[RuntimeKey], *, concurrency: int = 24
     ) -> None:
         """One Kyma CR per runtime, labelled as KEB labels them, with the module enabled."""
-        gate = asyncio.Semaphore(concurrency)
-        path = f"/apis/{GROUP}/v1beta2/namespaces/{namespace}/kymas"
-        async with self.client() as http:
-
-            async def create(index: int, key: RuntimeKey) -> None:
-                async with gate:
-                    response = await http.post(path, json=kyma_object(namespace, index, key))
-                    if response.status_code != 201:
-                        raise RuntimeError(
-                            f"creating a Kyma failed: HTTP {response.status_code} "
-                            f"{response.text[:300]}"
-                        )
-
-            await asyncio.gather(*(create(i, k) for i, k in enumerate(keys)))
+        await self.create_all(
+            f"/apis/{GROUP}/v1beta2/namespaces/{namespace}/kymas",
+            [kyma_object(namespace, i, k) for i, k in enumerate(keys)],
+            concurrency=concurrency,
+        )
 
     async def seed_kubeconfigs(
         self,
@@ -105,13 +96,10 @@ class ApiServer:
     ) -> None:
         """The runtime kubeconfig Secrets as KEB writes them: `kubeconfig-<runtime id>`, key
         `config`, labelled with the Kyma name; runtime i gets `kubeconfigs[i mod len]`."""
-        gate = asyncio.Semaphore(concurrency)
-        path = f"/api/v1/namespaces/{namespace}/secrets"
-        async with self.client() as http:
-
-            async def create(index: int, key: RuntimeKey) -> None:
-                text = kubeconfigs[index % len(kubeconfigs)]
-                body = {
+        await self.create_all(
+            f"/api/v1/namespaces/{namespace}/secrets",
+            [
+                {
                     "apiVersion": "v1",
                     "kind": "Secret",
                     "metadata": {
@@ -119,17 +107,34 @@ class ApiServer:
                         "namespace": namespace,
                         "labels": {"operator.kyma-project.io/kyma-name": key.runtime_id.lower()},
                     },
-                    "data": {"config": base64.b64encode(text.encode()).decode()},
+                    "data": {
+                        "config": base64.b64encode(
+                            kubeconfigs[i % len(kubeconfigs)].encode()
+                        ).decode()
+                    },
                 }
+                for i, key in enumerate(keys)
+            ],
+            concurrency=concurrency,
+        )
+
+    async def create_all(
+        self, path: str, bodies: Sequence[dict[str, Any]], *, concurrency: int
+    ) -> None:
+        """POSTs every body to `path`, `concurrency` at a time; any answer but 201 fails."""
+        gate = asyncio.Semaphore(concurrency)
+        async with self.client() as http:
+
+            async def create(body: dict[str, Any]) -> None:
                 async with gate:
                     response = await http.post(path, json=body)
-                    if response.status_code != 201:
-                        raise RuntimeError(
-                            f"creating a kubeconfig Secret failed: HTTP "
-                            f"{response.status_code} {response.text[:300]}"
-                        )
+                if response.status_code != 201:
+                    raise RuntimeError(
+                        f"creating {body.get('kind', 'an object')} failed: HTTP "
+                        f"{response.status_code} {response.text[:300]}"
+                    )
 
-            await asyncio.gather(*(create(i, k) for i, k in enumerate(keys)))
+            await asyncio.gather(*(create(b) for b in bodies))
 
     async def service_account_tokens(
         self,
