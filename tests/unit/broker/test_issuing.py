@@ -1,0 +1,258 @@
+"""The token request use case with its collaborators replaced by recorders (the guard, the rate
+limiter and the calendar are the real ones): the order of refusals, what each costs, and that
+every caller gets its own token."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from control_plane_broker import circuit_breaker as cb
+from control_plane_broker.director.errors import DirectorRetryable
+from control_plane_broker.director.guard import DirectorGuard
+from control_plane_broker.director.models import OneTimeToken
+from control_plane_broker.errors import (
+    CompassUnavailable,
+    IdentityNotProven,
+    ModuleNotEnabled,
+    RateLimited,
+    RuntimeNotFound,
+    TurnBooked,
+)
+from control_plane_broker.identity.claims import Identity
+from control_plane_broker.issuing import TokenIssuer
+from control_plane_broker.model import KymaView
+from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
+from control_plane_broker.registration.service import Registered
+from control_plane_broker.settings import Settings
+
+GA = "kyma-project.io/global-account-id"
+KYMA = KymaView(
+    name="rt-1",
+    namespace="kcp-system",
+    uid="u-1",
+    resource_version="1",
+    labels={GA: "ga", "kyma-project.io/runtime-id": "RT-1"},
+    spec_modules=frozenset({"application-connector"}),
+)
+REGISTERED = Registered("c-1", "ga", "registered", labels={"kyma_runtime_id": "RT-1"})
+KNOWN = Registered("c-1", "ga", "adopted")
+
+
+@dataclass
+class Recorder:
+    """Every collaborator of the issuer in one place, recording what it was asked."""
+
+    kymas: dict[str, KymaView] = field(default_factory=lambda: {KYMA.name: KYMA})
+    known: Registered | None = None
+    proof_error: Exception | None = None
+    token_error: Exception | None = None
+    asked: list[str] = field(default_factory=list)
+    tokens: list[tuple[str, str, bool]] = field(default_factory=list)
+    statuses: list[tuple[str, Any]] = field(default_factory=list)
+    synced: bool = True
+
+    # the Kyma view
+    def get(self, name: str) -> KymaView | None:
+        self.asked.append(f"kyma {name}")
+        return self.kymas.get(name)
+
+    # the verifier
+    mode = "test"
+
+    async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity:
+        self.asked.append(f"verify {runtime_id}")
+        if self.proof_error is not None:
+            raise self.proof_error
+        return Identity(runtime_id=runtime_id, subject="sa", mode="test")
+
+
+class Registration:
+    def __init__(self, recorder: Recorder) -> None:
+        self._r = recorder
+
+    def known(self, kyma: KymaView) -> Registered | None:
+        return self._r.known
+
+    async def ensure_registered(self, kyma: KymaView) -> Registered:
+        self._r.asked.append(f"register {kyma.name}")
+        await asyncio.sleep(0)
+        return REGISTERED
+
+
+class Director:
+    def __init__(self, recorder: Recorder) -> None:
+        self._r = recorder
+
+    async def request_one_time_token(
+        self, *, tenant: str, runtime_id: str, follow_up: bool = False
+    ) -> OneTimeToken:
+        self._r.asked.append(f"token {runtime_id}")
+        await asyncio.sleep(0)
+        if self._r.token_error is not None:
+            raise self._r.token_error
+        self._r.tokens.append((tenant, runtime_id, follow_up))
+        return OneTimeToken.model_validate(
+            {"token": f"ott-{len(self._r.tokens)}", "connectorURL": "https://connector.test/"}
+        )
+
+
+class Status:
+    def __init__(self, recorder: Recorder) -> None:
+        self._r = recorder
+
+    async def issued(self, *, kyma: KymaView, registered: Registered) -> None:
+        self._r.statuses.append(("issued", registered))
+
+    async def failed(self, **kwargs: Any) -> bool:
+        self._r.statuses.append(("failed", kwargs))
+        return True
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class World:
+    recorder: Recorder
+    issuer: TokenIssuer
+    guard: DirectorGuard
+    clock: Clock
+
+
+def world(*, burst: int = 5, max_concurrency: int = 1, queue_timeout: float = 1.0) -> World:
+    recorder = Recorder()
+    clock = Clock()
+    guard = DirectorGuard(
+        policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
+        max_concurrency=max_concurrency,
+        queue_timeout=queue_timeout,
+        clock=clock,
+    )
+    guard.calendar.latency = 0.125  # exact in binary: a call books 1/8 s of one slot
+    issuer = TokenIssuer(
+        settings=Settings(),
+        cache=recorder,
+        verifier=recorder,
+        registration=Registration(recorder),  # type: ignore[arg-type]
+        director=Director(recorder),  # type: ignore[arg-type]
+        guard=guard,
+        status=Status(recorder),  # type: ignore[arg-type]
+        limiter=RateLimiter(BucketPolicy(burst=burst, per_second=1 / 60)),
+        clock=clock,
+    )
+    return World(recorder, issuer, guard, clock)
+
+
+HEADERS = {"authorization": "Bearer t"}
+
+
+async def test_identity_is_proven_before_the_kyma_is_looked_up() -> None:
+    w = world()
+    w.recorder.proof_error = IdentityNotProven("bad proof", reason="invalid")
+    # An unknown runtime with a bad proof: 401 like a known one, nothing learnt about it.
+    with pytest.raises(IdentityNotProven):
+        await w.issuer.issue("unknown-rt", HEADERS)
+    assert w.recorder.asked == ["verify unknown-rt"]
+    w.recorder.proof_error = None
+    with pytest.raises(RuntimeNotFound):
+        await w.issuer.issue("unknown-rt", HEADERS)
+    assert w.recorder.asked[-2:] == ["verify unknown-rt", "kyma unknown-rt"]
+
+
+async def test_policy_refusals_cost_no_capacity_and_no_rate() -> None:
+    w = world(burst=1)
+    w.recorder.kymas["rt-1"] = KymaView("rt-1", "kcp-system", "u", "1", {GA: "ga"})  # module off
+    for _ in range(3):
+        with pytest.raises(ModuleNotEnabled):
+            await w.issuer.issue("rt-1", HEADERS)
+    assert w.guard.calendar.booked_until == 0.0
+    w.recorder.kymas["rt-1"] = KYMA
+    w.recorder.known = KNOWN
+    await w.issuer.issue("rt-1", HEADERS)  # the one token of the burst is still there
+
+
+async def test_a_known_runtime_books_one_call_and_is_not_registered_again() -> None:
+    w = world()
+    w.recorder.known = KNOWN
+    issued = await w.issuer.issue("RT-1", HEADERS)
+    assert (issued.token, issued.compass_runtime_id, issued.tenant) == ("ott-1", "c-1", "ga")
+    assert not any(a.startswith("register") for a in w.recorder.asked)
+    assert w.recorder.tokens == [("ga", "c-1", False)]
+    assert w.guard.calendar.booked_until == w.clock.now + 0.125  # one call's worth
+    assert w.recorder.statuses == [("issued", KNOWN)]
+
+
+async def test_an_unknown_runtime_books_two_calls_and_its_token_follows_up() -> None:
+    w = world()
+    issued = await w.issuer.issue("rt-1", HEADERS)
+    assert "register rt-1" in w.recorder.asked
+    assert issued.compass_runtime_id == "c-1"
+    assert w.recorder.tokens == [("ga", "c-1", True)]  # served before first calls
+    assert w.guard.calendar.booked_until == w.clock.now + 0.25
+    assert w.recorder.statuses == [("issued", REGISTERED)]
+
+
+async def test_every_caller_gets_its_own_token() -> None:
+    w = world(burst=5, max_concurrency=4)
+    w.recorder.known = KNOWN
+    issued = await asyncio.gather(*(w.issuer.issue("rt-1", HEADERS) for _ in range(3)))
+    assert sorted(i.token for i in issued) == ["ott-1", "ott-2", "ott-3"]
+    assert len(w.recorder.tokens) == 3
+
+
+async def test_an_open_breaker_refuses_before_booking_or_registering() -> None:
+    w = world()
+
+    async def outage() -> None:
+        raise DirectorRetryable("503")
+
+    with pytest.raises(DirectorRetryable):
+        await w.guard.call(outage)
+    assert w.guard.state is cb.State.OPEN
+    with pytest.raises(CompassUnavailable) as info:
+        await w.issuer.issue("rt-1", HEADERS)
+    assert info.value.retry_after == pytest.approx(30)
+    assert w.guard.calendar.booked_until == 0.0
+    assert not any(a.startswith(("register", "token")) for a in w.recorder.asked)
+
+
+async def test_a_booked_turn_is_told_before_anything_reaches_director() -> None:
+    w = world(queue_timeout=1.0)
+    w.recorder.known = KNOWN
+    for i in range(9):  # 9 · 1/8 s booked: the next turn is 1.125 s ahead, beyond 1 s
+        w.guard.book(f"other-{i}", calls=1)
+    with pytest.raises(TurnBooked) as info:
+        await w.issuer.issue("rt-1", HEADERS)
+    assert info.value.retry_after == 1.125
+    assert w.recorder.tokens == []
+    # Back at its turn: admitted on the ticket it was given.
+    w.clock.now += 1.125
+    await w.issuer.issue("rt-1", HEADERS)
+    assert len(w.recorder.tokens) == 1
+
+
+async def test_only_issued_tokens_count_against_the_rate_limit() -> None:
+    w = world(burst=1)
+    w.recorder.known = KNOWN
+    w.recorder.token_error = CompassUnavailable("Director down", retry_after=5)
+    for _ in range(2):
+        with pytest.raises(CompassUnavailable):
+            await w.issuer.issue("rt-1", HEADERS)
+    failed = [s for s in w.recorder.statuses if s[0] == "failed"]
+    assert failed[0][1]["condition"] == "TokenIssued"
+    w.recorder.token_error = None
+    w.clock.now += 10  # out of the booked window of the failed attempts
+    await w.issuer.issue("rt-1", HEADERS)
+    with pytest.raises(RateLimited) as info:
+        await w.issuer.issue("rt-1", HEADERS)
+    assert info.value.retry_after == pytest.approx(60)
