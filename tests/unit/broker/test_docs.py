@@ -1,7 +1,9 @@
-"""The README documents every broker setting with its real default; the CLI shows them all."""
+"""The README documents every broker setting with its real default, and no setting that is
+gone; the CLI shows them all."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,13 @@ def test_every_setting_documented_with_its_default() -> None:
             default = str(default).lower()
         row = f"| `BROKER_{name.upper()}` | `{default}` |"
         assert row in text, f"README.md lacks or misstates {row}"
+
+
+def test_no_documented_setting_is_gone() -> None:
+    documented = set(re.findall(r"^\| `BROKER_([A-Z0-9_]+)` \|", DOC.read_text(), re.MULTILINE))
+    assert documented, "README.md has no settings table"
+    gone = sorted(documented - {name.upper() for name in Settings.model_fields})
+    assert not gone, f"README.md documents settings that no longer exist: {gone}"
 
 
 def test_help_lists_settings() -> None:
