@@ -85,16 +85,37 @@ def hostile(port: int, ca_b64: str) -> dict[str, tuple[str, str]]:
     """case → (kubeconfig text, the reason slug the broker must name)."""
     https = f"https://127.0.0.1:{port}"
     ca = {"server": https, "certificate-authority-data": ca_b64}
+    token = {"token": "t"}
+    exec_user = {
+        "exec": {
+            "command": "touch",
+            "args": ["/tmp/pwned"],
+            "apiVersion": "client.authentication.k8s.io/v1",
+        }
+    }
+    not_pem = base64.b64encode(b"not a certificate").decode()
     return {
-        "token-file": (kubeconfig(ca, {"tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"}), "token-file"),
-        "insecure": (kubeconfig({"server": https, "insecure-skip-tls-verify": True}, {"token": "t"}), "insecure-skip-tls-verify"),
-        "plain-http": (kubeconfig({"server": f"http://127.0.0.1:{port}"}, {"token": "t"}), "not-https"),
-        "ca-file": (kubeconfig({"server": https, "certificate-authority": "/etc/ssl/certs/ca-certificates.crt"}, {"token": "t"}), "file-reference"),
-        "exec": (kubeconfig(ca, {"exec": {"command": "touch", "args": ["/tmp/pwned"], "apiVersion": "client.authentication.k8s.io/v1"}}), "exec-plugin"),
-        "not-pem-ca": (kubeconfig({"server": https, "certificate-authority-data": base64.b64encode(b"not a certificate").decode()}, {"token": "t"}), "bad-ca"),
+        "token-file": (
+            kubeconfig(ca, {"tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"}),
+            "token-file",
+        ),
+        "insecure": (
+            kubeconfig({"server": https, "insecure-skip-tls-verify": True}, token),
+            "insecure-skip-tls-verify",
+        ),
+        "plain-http": (kubeconfig({"server": f"http://127.0.0.1:{port}"}, token), "not-https"),
+        "ca-file": (
+            kubeconfig({"server": https, "certificate-authority": "/etc/ssl/certs/x.crt"}, token),
+            "file-reference",
+        ),
+        "exec": (kubeconfig(ca, exec_user), "exec-plugin"),
+        "not-pem-ca": (
+            kubeconfig({"server": https, "certificate-authority-data": not_pem}, token),
+            "bad-ca",
+        ),
         "not-yaml": ("{{{{ this is not yaml", ""),
         "wrong-structure": (yaml.safe_dump(["a", "list"]), ""),
-    }  # fmt: skip
+    }
 
 
 def write_secret(kcp: TestCluster, namespace: str, name: str, text: str, kyma_name: str) -> None:
