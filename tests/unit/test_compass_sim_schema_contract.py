@@ -28,6 +28,7 @@ from graphql import (
 )
 
 import devenv.compass_sim
+from control_plane_broker.director import documents as broker_documents
 from devenv.compass_sim import operations
 from devenv.compass_sim.graphql_http import load_schema
 from devenv.compass_sim.testing import CONNECTOR_DOCUMENTS, DIRECTOR_DOCUMENTS
@@ -197,6 +198,14 @@ def test_test_documents_are_valid_against_simulator_and_compass(
         ast = parse(document)
         assert validate(sim, ast) == [], document
         assert validate(real, ast) == [], document
+
+
+@pytest.mark.parametrize("name", sorted(broker_documents.ALL_DOCUMENTS))
+def test_every_broker_document_is_served_by_the_simulator(name: str) -> None:
+    # The broker's integration tests run against the simulator: a document it cannot validate
+    # would be tested there against nothing.
+    ast = parse(broker_documents.ALL_DOCUMENTS[name])
+    assert validate(load_schema("director.graphql"), ast) == [], name
 
 
 def test_public_names() -> None:
