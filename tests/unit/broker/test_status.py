@@ -33,7 +33,12 @@ def _fail(conds: list[dict[str, object]], reason: str, now: float) -> list[dict[
 
 
 def test_repeated_failure_writes_nothing_and_tells_nobody() -> None:
-    other = {"type": "Registered", "status": "True", "reason": "R", "message": "x"}
+    other: dict[str, object] = {
+        "type": "Registered",
+        "status": "True",
+        "reason": "R",
+        "message": "x",
+    }
     first = _fail([other], "CompassUnavailable", now=10)
     assert state.condition_changed([other], first, "Unregistered") == (True, True)
     assert first[0] == other  # other conditions untouched
