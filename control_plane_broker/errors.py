@@ -57,6 +57,12 @@ class CompassUnavailable(TemporaryError):
     title = "Compass is unavailable"
 
 
+class CompassDown(CompassUnavailable):
+    """The breaker is open; Retry-After is this runtime's booked turn after the next probe."""
+
+    spread = False
+
+
 class TurnBooked(TemporaryError):
     slug = "capacity-booked"
     status = 503
@@ -163,20 +169,3 @@ class CompassRejected(PermanentError):
     def __init__(self, message: str, *, code: int | None = None) -> None:
         super().__init__(message)
         self.code = code
-
-
-ALL_ERRORS: tuple[type[BrokerError], ...] = (
-    CompassUnavailable,
-    RegistrationBusy,
-    NotReady,
-    ControlPlaneUnavailable,
-    RateLimited,
-    MalformedRequest,
-    IdentityNotProven,
-    IdentityForbidden,
-    RuntimeNotFound,
-    ModuleNotEnabled,
-    KymaDeleting,
-    KymaIncomplete,
-    CompassRejected,
-)

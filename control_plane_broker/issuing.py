@@ -97,9 +97,10 @@ class TokenIssuer:
         wait = self._limiter.check(kyma.name, self._clock())
         if wait is not None:
             raise RateLimited("token issue rate exceeded for this runtime", retry_after=wait)
-        self._guard.refuse_if_open()
         known = self._registration.known(kyma)
-        self._guard.book(kyma.name, calls=1 if known else 2)
+        calls = 1 if known else 2
+        self._guard.refuse_if_open(kyma.name, calls=calls)
+        self._guard.book(kyma.name, calls=calls)
         registered = known or await self._register(kyma)
         try:
             ott = await self._director.request_one_time_token(

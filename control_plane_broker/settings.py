@@ -113,7 +113,10 @@ class Settings(BaseSettings):
         default=5, description="Consecutive retryable Director failures that open the breaker."
     )
     breaker_open_seconds: float = Field(
-        default=30.0, description="How long the breaker stays open before one probe."
+        default=5.0,
+        description="How long the breaker stays open before one probe: at most one call per "
+        "this many seconds reaches a Compass that is down, and its return is noticed this soon.",
+        gt=0,
     )
     retry_after_jitter_seconds: float = Field(
         default=5.0, description="Random extra seconds added to Retry-After."

@@ -31,13 +31,10 @@ from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
 from control_plane_broker.identity.verifier import CountingVerifier, Verifier, XfccVerifier
 from control_plane_broker.issuing import TokenIssuer
-from control_plane_broker.kube import (
-    KymaEvents,
-    MappingRepository,
-    RuntimeAccess,
-    kyma_informer,
-    mapping_informer,
-)
+from control_plane_broker.kube.caches import kyma_informer, mapping_informer
+from control_plane_broker.kube.events import KymaEvents
+from control_plane_broker.kube.mappings import MappingRepository
+from control_plane_broker.kube.runtime_access import RuntimeAccess
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.model import KymaView
 from control_plane_broker.ratelimit import BucketPolicy, RateLimiter

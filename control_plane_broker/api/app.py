@@ -178,6 +178,12 @@ def create_app(
             except BrokerError as exc:
                 metrics.token_requests.labels(exc.slug).inc()
                 raise
+            except Exception as exc:
+                # A bug, not an answer: logged with its type (never its text, which may hold
+                # input), answered as a problem the agent retries, never as a bare 500.
+                log.error("unexpected error", extra={"error": type(exc).__name__})
+                metrics.token_requests.labels(InternalError.slug).inc()
+                raise InternalError("unexpected error in the broker", retry_after=5) from None
         metrics.token_requests.labels("issued").inc()
         return TokenResponse(
             token=issued.token,

@@ -54,25 +54,39 @@ class Calendar:
     def seconds_per_call(self) -> float:
         return self.latency / max(self.capacity, 1)
 
-    def book(self, key: str, *, calls: int, now: float, queued_calls: int = 0) -> Verdict:
+    def book(
+        self,
+        key: str,
+        *,
+        calls: int,
+        now: float,
+        queued_calls: int = 0,
+        not_before: float | None = None,
+    ) -> Verdict:
         """Admit a request of `calls` Director calls for `key` now, or tell it when to return.
 
         `queued_calls` is what really waits for a slot at this moment: the calendar never
-        believes Director to be freer than the queue in front of it shows."""
+        believes Director to be freer than the queue in front of it shows. `not_before` is set
+        while Director is down (the breaker is open): nobody is admitted, everybody gets a turn
+        after the next probe, so that when Director is back the fleet is already spread over
+        the time it needs, instead of returning at once or after its backoff has grown long."""
         ticket = self._tickets.get(key)
         if ticket is not None:
             if now > ticket.expires:
                 del self._tickets[key]
-            elif ticket.turn - now <= self.max_wait:
-                del self._tickets[key]  # its capacity was booked when it was deferred
-                return Admitted()
-            else:
+            elif ticket.turn - now > self.max_wait:
                 return Deferred(retry_after=ticket.turn - now)
+            else:
+                del self._tickets[key]  # its capacity was booked when it was deferred
+                if not_before is None:
+                    return Admitted()
         cost = calls * self.seconds_per_call()
         turn = max(self.booked_until, now + queued_calls * self.seconds_per_call())
+        if not_before is not None:
+            turn = max(turn, not_before)
         self.booked_until = turn + cost
         wait = turn - now
-        if wait <= self.max_wait:
+        if wait <= self.max_wait and not_before is None:
             return Admitted()
         self._tickets[key] = _Ticket(turn=turn, expires=turn + self.ticket_grace)
         if len(self._tickets) > 4 * 1024 and len(self._tickets) % 1024 == 0:

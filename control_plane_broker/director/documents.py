@@ -17,12 +17,6 @@ query RuntimesByLabel($filter: [LabelFilter!], $first: Int, $after: PageCursor) 
 }}
 """
 
-RUNTIME = f"""
-query Runtime($id: ID!) {{
-  runtime(id: $id) {{ {RUNTIME_FIELDS} }}
-}}
-"""
-
 REGISTER_RUNTIME = f"""
 mutation RegisterRuntime($in: RuntimeRegisterInput!) {{
   registerRuntime(in: $in) {{ {RUNTIME_FIELDS} }}
@@ -49,7 +43,6 @@ mutation SetRuntimeLabel($runtimeID: ID!, $key: String!, $value: Any!) {
 
 ALL_DOCUMENTS: dict[str, str] = {
     "RuntimesByLabel": RUNTIMES_BY_LABEL,
-    "Runtime": RUNTIME,
     "RegisterRuntime": REGISTER_RUNTIME,
     "UnregisterRuntime": UNREGISTER_RUNTIME,
     "RequestOneTimeTokenForRuntime": REQUEST_OTT,

@@ -20,7 +20,7 @@ from typing import TypeVar
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director.admission import Admitted, Calendar
 from control_plane_broker.director.errors import DirectorRetryable
-from control_plane_broker.errors import CompassUnavailable, TurnBooked
+from control_plane_broker.errors import CompassDown, CompassUnavailable, TurnBooked
 
 T = TypeVar("T")
 
@@ -93,13 +93,18 @@ class DirectorGuard:
             self._on_state(breaker.state.value)
         self._breaker = breaker
 
-    def refuse_if_open(self) -> None:
-        """The cheap refusal: raises at once while the breaker would refuse a call anyway."""
-        if cb.would_refuse(self._breaker, self._policy, self._clock()):
-            raise CompassUnavailable(
-                "circuit breaker open",
-                retry_after=cb.seconds_until_probe(self._breaker, self._policy, self._clock()),
-            )
+    def refuse_if_open(self, key: str, *, calls: int) -> None:
+        """The cheap refusal: raises at once while the breaker would refuse a call anyway, with
+        a turn after the next probe (see `Calendar.book`), not one moment for everybody."""
+        now = self._clock()
+        if not cb.would_refuse(self._breaker, self._policy, now):
+            return
+        probe_at = now + cb.seconds_until_probe(self._breaker, self._policy, now)
+        verdict = self.calendar.book(
+            key, calls=calls, now=now, queued_calls=self._slots.waiting, not_before=probe_at
+        )
+        wait = verdict.retry_after if not isinstance(verdict, Admitted) else probe_at - now
+        raise CompassDown("circuit breaker open", retry_after=wait)
 
     def book(self, key: str, *, calls: int) -> None:
         """Admits a request of `calls` Director calls for `key`, or raises `TurnBooked`."""

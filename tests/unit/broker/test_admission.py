@@ -240,6 +240,32 @@ def test_book_refuses_with_the_turn_and_no_jitter() -> None:
     g.book("late", calls=1)  # its turn: admitted on its ticket
 
 
+async def test_while_open_the_fleet_is_spread_over_turns_after_the_probe() -> None:
+    clock = Clock()
+    g = guard(clock)
+
+    async def failing() -> None:
+        raise DirectorRetryable("503")
+
+    with pytest.raises(CompassUnavailable):
+        await g.call(failing)
+    assert g.state is cb.State.OPEN
+    turns = []
+    for index in range(100):
+        with pytest.raises(CompassUnavailable) as info:
+            g.refuse_if_open(f"rt-{index}", calls=2)
+        turns.append(info.value.retry_after)
+    # Nobody before the probe; then one after the other at Director's pace, not all at once.
+    assert min(turns) >= 30
+    assert turns == sorted(turns)
+    per_runtime = 2 * g.calendar.seconds_per_call()
+    assert turns[-1] - turns[0] == pytest.approx(99 * per_runtime)
+    # Asking again before its turn gives the same turn (no second booking).
+    with pytest.raises(CompassUnavailable) as again:
+        g.refuse_if_open("rt-50", calls=2)
+    assert again.value.retry_after == pytest.approx(turns[50])
+
+
 async def test_refuse_if_open_is_cheap_and_does_not_take_the_probe() -> None:
     clock = Clock()
     g = guard(clock)
@@ -247,16 +273,17 @@ async def test_refuse_if_open_is_cheap_and_does_not_take_the_probe() -> None:
     async def failing() -> None:
         raise DirectorRetryable("503")
 
-    g.refuse_if_open()  # closed: nothing to refuse
+    g.refuse_if_open("rt-1", calls=1)  # closed: nothing to refuse
     with pytest.raises(CompassUnavailable):
         await g.call(failing)
     assert g.state is cb.State.OPEN
     with pytest.raises(CompassUnavailable) as info:
-        g.refuse_if_open()
+        g.refuse_if_open("rt-1", calls=1)
     assert info.value.retry_after == pytest.approx(30)
+    assert not info.value.spread  # the turn is the spread: no random seconds on top
     clock.now += 30
-    g.refuse_if_open()  # the probe's turn: not refused ...
-    g.refuse_if_open()  # ... also when asked twice, since asking takes nothing
+    g.refuse_if_open("rt-1", calls=1)  # the probe's turn: not refused ...
+    g.refuse_if_open("rt-1", calls=1)  # ... also when asked twice, since asking takes nothing
 
     async def probe() -> str:
         return "ok"

@@ -166,12 +166,6 @@ async def test_a_bug_is_answered_as_a_retryable_problem_without_its_text() -> No
     assert touched == []  # the bug came before anything else was asked
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Starlette's ServerErrorMiddleware re-raises after the Exception handler answered: "
-    "the exception (message included) leaves the app for the ASGI server to log, and AccessLog, "
-    "inside that middleware, logs status 500 for the 503 the client got",
-)
 async def test_a_bug_ends_inside_the_app(caplog: pytest.LogCaptureFixture) -> None:
     touched: list[str] = []
     transport = httpx.ASGITransport(app=exploding_app(touched))  # raises what escapes the app

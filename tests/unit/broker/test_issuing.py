@@ -210,7 +210,7 @@ async def test_every_caller_gets_its_own_token() -> None:
     assert len(w.recorder.tokens) == 3
 
 
-async def test_an_open_breaker_refuses_before_booking_or_registering() -> None:
+async def test_an_open_breaker_refuses_with_a_turn_after_the_probe_and_registers_nothing() -> None:
     w = world()
 
     async def outage() -> None:
@@ -222,7 +222,9 @@ async def test_an_open_breaker_refuses_before_booking_or_registering() -> None:
     with pytest.raises(CompassUnavailable) as info:
         await w.issuer.issue("rt-1", HEADERS)
     assert info.value.retry_after == pytest.approx(30)
-    assert w.guard.calendar.booked_until == 0.0
+    assert not info.value.spread
+    # Its turn (after the probe) is booked, so when Director is back it comes at its turn.
+    assert w.guard.calendar.tickets() == 1
     assert not any(a.startswith(("register", "token")) for a in w.recorder.asked)
 
 
