@@ -14,7 +14,7 @@ What always holds:
   closing quote, an empty element, a pair without `=`) is refused, never guessed at.
 - Only the *last* element counts: Envoy appends the element of the proxy that verified the
   client certificate at the end (`APPEND_FORWARD`) or replaces the header with that one element
-  (`SANITIZE_SET`, the gateway default). Earlier elements may come from the client.
+  (`SANITIZE_SET`). Earlier elements may come from the client.
 - The CN is read from the Subject by RFC 4514 (Envoy prints it as RFC 2253 text, whose escapes
   RFC 4514 keeps): escaped characters (`\\,` `\\+` `\\"` `\\\\` `\\;` `\\<` `\\>` `\\=` `\\ ` `\\#`)
   and `\\XX` hex pairs (UTF-8 bytes) are part of a value, never separators. So
