@@ -445,7 +445,8 @@ def _register_like_compass_manager(sim: Any, rt: Runtime) -> str:
             "query": "mutation($in: RuntimeRegisterInput!) { registerRuntime(in: $in) { id } }",
             "variables": {
                 "in": {
-                    "name": "cm-registered-abcde",
+                    # compass-manager's `<shoot>-<random letters>`, upper case included
+                    "name": "cm-registered-AbCdEf",
                     "labels": {
                         "director_connection_managed_by": "compass-manager",
                         "global_account_id": rt.tenant,
@@ -504,7 +505,9 @@ def test_compass_manager_mapping_adopted_and_labels_synced(
     assert r.status_code == 201, r.text
     assert r.json()["compassRuntimeID"] == compass_id
     assert attempts(sim, "registerRuntime") == registrations_before
-    assert [x.id for x in director_runtimes(sim, rt_a.tenant)] == [compass_id]
+    assert [(x.id, x.name) for x in director_runtimes(sim, rt_a.tenant)] == [
+        (compass_id, "cm-registered-AbCdEf")
+    ]
 
     # A later change of a Kyma label that feeds a Director label is synced too.
     rt_a.patch_kyma({"metadata": {"labels": {"kyma-project.io/broker-plan-name": "aws"}}})
