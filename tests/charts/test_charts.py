@@ -137,13 +137,17 @@ def test_agent_renders_each_identity_mode(binaries: Binaries, mode: str) -> None
 
 def test_agent_rbac_names_the_one_secret(binaries: Binaries) -> None:
     objects = render(binaries, "compass-agent", namespace="kyma-system", values=AGENT_REQUIRED)
-    (role,) = by_kind(objects, "Role")
-    secret_rules = [r for r in role["rules"] if "secrets" in r["resources"]]
-    for rule in secret_rules:
-        if rule.get("resourceNames"):
-            assert rule["resourceNames"] == ["compass-agent-configuration"]
-        else:
-            assert rule["verbs"] == ["create"]  # create cannot be limited by name
+    roles = by_kind(objects, "Role") + by_kind(objects, "ClusterRole")
+    rules = [rule for role in roles for rule in role["rules"]]
+    assert rules
+    wildcards = [r for r in rules if "*" in r["apiGroups"] + r["resources"] + r["verbs"]]
+    assert wildcards == []
+    secret_rules = [r for r in rules if "secrets" in r["resources"]]
+    named = [r for r in secret_rules if r.get("resourceNames")]
+    unnamed = [r for r in secret_rules if not r.get("resourceNames")]
+    assert [r["resourceNames"] for r in named] == [["compass-agent-configuration"]]
+    assert set(named[0]["verbs"]) <= {"get", "list", "watch", "update", "patch", "delete"}
+    assert [r["verbs"] for r in unnamed] == [["create"]]  # create cannot be limited by name
 
 
 @pytest.mark.parametrize(
