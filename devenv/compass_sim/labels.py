@@ -1,8 +1,10 @@
 """Director's input rules and label filter semantics, as pure functions.
 
-- Runtime names: required, at most 36 characters, not starting with a digit, and a
-  DNS-1123 subdomain (lower-case letters, digits, '-' and '.', starting and ending
-  with a letter or digit in every dot-separated part).
+- Runtime names (`RuntimeRegisterInput`, `RuntimeUpdateInput`): required, 1 to 256
+  runes, `^[a-zA-Z0-9-._]+$`, checked in that order as current Director's ozzo-validation
+  rules do, with their messages. (The lower-case DNS-1123 rule of at most 36 characters
+  belonged to the retired `RuntimeInput`; compass-manager's `<shoot>-<random letters>`
+  names, upper case included, pass the current rule.)
 - Label keys: required, at most 256 characters, `^[a-zA-Z0-9_]*$`.
 - `setRuntimeLabel` values are "required" the way Director's validation library
   means it: null, "", 0, false, [] and {} are rejected.
@@ -30,26 +32,21 @@ __all__ = [
     "runtime_name_problem",
 ]
 
-_MAX_NAME = 36
+_MAX_NAME_RUNES = 256
 _MAX_DESCRIPTION = 2000
 _MAX_LABEL_KEY = 256
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_RUNTIME_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 _LABEL_KEY = re.compile(r"[a-zA-Z0-9_]*")
 
 
 def runtime_name_problem(name: str) -> str | None:
     if not name:
         return "cannot be blank"
-    if len(name) > _MAX_NAME:
-        return f"must be no more than {_MAX_NAME} characters"
-    if name[0].isdigit():
-        return "cannot start with digit"
-    if not _DNS_SUBDOMAIN.fullmatch(name):
-        return (
-            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
-            "characters, '-' or '.', and must start and end with an alphanumeric character"
-        )
+    # A Python str is counted in code points, which is what Go's runes are.
+    if len(name) > _MAX_NAME_RUNES:
+        return f"the length must be between 1 and {_MAX_NAME_RUNES}"
+    if not _RUNTIME_NAME.fullmatch(name):
+        return "must be in a valid format"
     return None
 
 

@@ -38,7 +38,14 @@ BROKER_MODES: dict[str, dict[str, str]] = {
         "identity.mode": "xfcc",
         "istio.enabled": "true",
         "istio.host": "compass-broker.example.test",
+        "istio.ingressGateway.namespace": "istio-system",
+        "istio.ingressGateway.podLabels.istio": "ingressgateway",
+        "istio.ingressGateway.podLabels.app": "istio-ingressgateway",
     },
+}
+GATEWAY_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "istio-system"}},
+    "podSelector": {"matchLabels": {"istio": "ingressgateway", "app": "istio-ingressgateway"}},
 }
 AGENT_MODES: dict[str, dict[str, str]] = {
     "serviceaccount": {},
@@ -79,6 +86,34 @@ def test_broker_renders_each_identity_mode(binaries: Binaries, mode: str) -> Non
         "CompassManagerMapping"
     )
     assert bool(by_kind(objects, "VirtualService")) == (mode == "xfcc")
+    # The header is a proof only while the gateway is the only way in.
+    (policy,) = by_kind(objects, "NetworkPolicy")
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    if mode == "xfcc":
+        assert rule["from"] == [GATEWAY_PEER]
+    else:
+        assert rule["from"] == [{"namespaceSelector": {}}]
+
+
+def test_xfcc_network_policy_is_the_gateway_alone_and_valid(
+    binaries: Binaries, control_plane: TestCluster, namespace_factory: NamespaceFactory
+) -> None:
+    """Whatever `networkPolicy.ingressFrom` says: in xfcc mode it is not used, and the API
+    server takes the policy as rendered (one peer: that namespace AND those pods)."""
+    ns = namespace_factory(control_plane)
+    objects = render(
+        binaries,
+        "compass-broker",
+        namespace=ns,
+        values=BROKER_REQUIRED
+        | BROKER_MODES["xfcc"]
+        | {"networkPolicy.ingressFrom[0].ipBlock.cidr": "0.0.0.0/0"},
+    )
+    (applied,) = apply(control_plane, by_kind(objects, "NetworkPolicy"), namespace=ns).objects
+    assert applied["spec"]["ingress"] == [
+        {"from": [GATEWAY_PEER], "ports": [{"port": "http", "protocol": "TCP"}]}
+    ]
 
 
 @pytest.mark.parametrize("mode", sorted(AGENT_MODES))
@@ -102,13 +137,17 @@ def test_agent_renders_each_identity_mode(binaries: Binaries, mode: str) -> None
 
 def test_agent_rbac_names_the_one_secret(binaries: Binaries) -> None:
     objects = render(binaries, "compass-agent", namespace="kyma-system", values=AGENT_REQUIRED)
-    (role,) = by_kind(objects, "Role")
-    secret_rules = [r for r in role["rules"] if "secrets" in r["resources"]]
-    for rule in secret_rules:
-        if rule.get("resourceNames"):
-            assert rule["resourceNames"] == ["compass-agent-configuration"]
-        else:
-            assert rule["verbs"] == ["create"]  # create cannot be limited by name
+    roles = by_kind(objects, "Role") + by_kind(objects, "ClusterRole")
+    rules = [rule for role in roles for rule in role["rules"]]
+    assert rules
+    wildcards = [r for r in rules if "*" in r["apiGroups"] + r["resources"] + r["verbs"]]
+    assert wildcards == []
+    secret_rules = [r for r in rules if "secrets" in r["resources"]]
+    named = [r for r in secret_rules if r.get("resourceNames")]
+    unnamed = [r for r in secret_rules if not r.get("resourceNames")]
+    assert [r["resourceNames"] for r in named] == [["compass-agent-configuration"]]
+    assert set(named[0]["verbs"]) <= {"get", "list", "watch", "update", "patch", "delete"}
+    assert [r["verbs"] for r in unnamed] == [["create"]]  # create cannot be limited by name
 
 
 @pytest.mark.parametrize(
@@ -118,6 +157,31 @@ def test_agent_rbac_names_the_one_secret(binaries: Binaries) -> None:
         ("compass-broker", BROKER_REQUIRED | {"replicaCount": "0"}, "/replicaCount"),
         ("compass-broker", {"director.url": "ftp://x"}, "/director/url"),
         ("compass-broker", BROKER_REQUIRED | {"typo": "1"}, "typo"),
+        *[
+            (
+                "compass-broker",
+                BROKER_REQUIRED | BROKER_MODES["xfcc"] | {key: value},
+                f"identity.mode=xfcc needs {needed}",
+            )
+            for key, value, needed in [
+                ("istio.ingressGateway.namespace", "", "istio.ingressGateway.namespace"),
+                ("istio.ingressGateway.podLabels", "null", "istio.ingressGateway.podLabels"),
+                ("networkPolicy.enabled", "false", "networkPolicy.enabled=true"),
+            ]
+        ],
+        (
+            "compass-broker",
+            BROKER_REQUIRED | {"istio.ingressGateway.namespace": "Not_A_Namespace"},
+            "/istio/ingressGateway/namespace",
+        ),
+        *[
+            (
+                "compass-broker",
+                BROKER_REQUIRED | {"extraEnv[0].name": name, "extraEnv[0].value": value},
+                f"extraEnv cannot set {name}",
+            )
+            for name, value in [("BROKER_XFCC_TRUSTED", "true"), ("BROKER_IDENTITY_MODE", "xfcc")]
+        ],
         (
             "compass-agent",
             AGENT_REQUIRED | {"identity.tokenExpirationSeconds": "60"},

@@ -107,20 +107,39 @@ def test_runtime_names_are_not_unique(director: DirectorClient) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["", "a" * 37, "1abc", "Abc", "ab_c", "-abc", "abc-", "a..b", "has space"]
+    ("name", "problem"),
+    [
+        ("", "cannot be blank"),
+        ("a" * 257, "the length must be between 1 and 256"),
+        ("has space", "must be in a valid format"),
+        ("shoot/abc", "must be in a valid format"),
+        ("é", "must be in a valid format"),
+    ],
 )
 def test_invalid_runtime_names_are_rejected(
-    sim: CompassSimulator, director: DirectorClient, name: str
+    sim: CompassSimulator, director: DirectorClient, name: str, problem: str
 ) -> None:
     response = director.post(REGISTER_RUNTIME, {"in": {"name": name}})
     assert response.status_code == 200
     assert response.json()["data"] is None
     assert _errors(response) == [(22, "InvalidData")]
-    assert "name=" in response.json()["errors"][0]["message"]
+    assert response.json()["errors"][0]["message"] == (
+        f"Invalid data RuntimeRegisterInput [name={problem}]"
+    )
     assert sim.runtimes() == []
 
 
-@pytest.mark.parametrize("name", ["a" * 36, "kyma.runtime-1", "x1"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "c-7d3a1b2-AbQxZr",  # compass-manager: <shoot>-<random letters>, upper case included
+        "kyma-shoot-XYZQWE",
+        "a" * 256,
+        "1abc",
+        "ab_c",
+        "kyma.runtime-1",
+    ],
+)
 def test_valid_runtime_names_are_accepted(director: DirectorClient, name: str) -> None:
     assert _register(director, name)["name"] == name
 
@@ -243,9 +262,16 @@ def test_update_of_missing_runtime_is_not_found(director: DirectorClient) -> Non
 
 def test_update_validates_its_input(director: DirectorClient) -> None:
     runtime = _register(director, "valid")
-    response = director.post(UPDATE_RUNTIME, {"id": runtime["id"], "in": {"name": "Invalid"}})
+    response = director.post(UPDATE_RUNTIME, {"id": runtime["id"], "in": {"name": "In valid"}})
     assert _errors(response) == [(22, "InvalidData")]
+    assert response.json()["errors"][0]["message"] == (
+        "Invalid data RuntimeUpdateInput [name=must be in a valid format]"
+    )
     assert director.result(GET_RUNTIME, {"id": runtime["id"]})["name"] == "valid"
+    renamed = {"name": "shoot-AbCdEf"}
+    assert director.result(UPDATE_RUNTIME, {"id": runtime["id"], "in": renamed})["name"] == (
+        "shoot-AbCdEf"
+    )
 
 
 def test_unregister_returns_the_runtime_then_it_is_gone(
@@ -448,7 +474,7 @@ def test_several_root_fields_in_one_request_are_counted_separately(
 ) -> None:
     response = director.post(
         'mutation { a: registerRuntime(in: {name: "a"}) { id } '
-        'b: registerRuntime(in: {name: "B"}) { id } }'
+        'b: registerRuntime(in: {name: "b b"}) { id } }'
     )
     body = response.json()
     assert body["data"] is None  # b failed and registerRuntime is non-null

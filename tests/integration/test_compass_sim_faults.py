@@ -238,7 +238,7 @@ def test_lost_response_commits_the_mutation_then_answers_504(
     sim: CompassSimulator, director: DirectorClient
 ) -> None:
     sim.update_faults(lost_responses={"registerRuntime": 1})
-    invalid = _register(director, "Not-Valid")  # failed calls do not use up the fault
+    invalid = _register(director, "not valid")  # failed calls do not use up the fault
     assert invalid.json()["errors"][0]["extensions"]["error_code"] == 22
     assert sim.faults().lost_responses == {"registerRuntime": 1}
 

@@ -63,24 +63,30 @@ def test_filter_query_must_be_json() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "ok"),
+    ("name", "problem"),
     [
-        ("a" * 36, True),
-        ("a" * 37, False),
-        ("kyma.runtime-1", True),
-        ("x1", True),
-        ("", False),
-        ("1abc", False),
-        ("Abc", False),
-        ("ab_c", False),
-        ("-abc", False),
-        ("abc-", False),
-        ("a..b", False),
-        ("a b", False),
+        # compass-manager's `<shoot>-<random letters>`, upper case included
+        ("c-7d3a1b2-AbQxZr", None),
+        ("kyma-shoot-XYZQWE", None),
+        ("a" * 256, None),
+        ("1abc", None),
+        ("ab_c", None),
+        ("-abc.", None),
+        ("a..b", None),
+        ("", "cannot be blank"),
+        ("a" * 257, "the length must be between 1 and 256"),
+        # runes, not bytes: 200 runes are a valid length (400 bytes), but no valid format
+        ("é" * 200, "must be in a valid format"),
+        ("é" * 257, "the length must be between 1 and 256"),
+        ("a b", "must be in a valid format"),
+        (" ", "must be in a valid format"),
+        ("abc\n", "must be in a valid format"),
+        ("a/b", "must be in a valid format"),
+        ("a:b", "must be in a valid format"),
     ],
 )
-def test_runtime_name_rules(name: str, ok: bool) -> None:
-    assert (runtime_name_problem(name) is None) is ok
+def test_runtime_name_rules_are_current_directors(name: str, problem: str | None) -> None:
+    assert runtime_name_problem(name) == problem
 
 
 @pytest.mark.parametrize(

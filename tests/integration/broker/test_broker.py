@@ -43,6 +43,17 @@ def total_attempts(sim: Any) -> int:
     return sum(int(c.attempts) for c in sim.counters().values())
 
 
+def sync_marker_label(rt: Runtime, sim: Any) -> None:
+    """Changes a Kyma label that feeds a Director label and waits until the leader wrote it:
+    proof that the reconciler has been over the mapping since everything done before."""
+    marker = "marker-plan"
+    rt.patch_kyma({"metadata": {"labels": {"kyma-project.io/broker-plan-name": marker}}})
+    wait_for(
+        lambda: director_runtimes(sim, rt.tenant)[0].labels.get("broker_plan_name") == marker,
+        what="the marker label in Director",
+    )
+
+
 def problem_type(response: httpx.Response) -> str:
     assert response.headers["content-type"].startswith("application/problem+json")
     return str(response.json()["type"]).removeprefix(PROBLEM)
@@ -102,14 +113,16 @@ def test_happy_path_registers_once_records_mapping_and_issues_tokens(
     events = rt_a.kcp.core.list_namespaced_event(rt_a.namespace).items
     assert {"RuntimeRegistered", "TokenIssued"} <= {e.reason for e in events}
 
-    # The labels sent with registerRuntime are on record, so the reconciler's sweeps (every
-    # 2 s here) find nothing to sync: no Director label call for a fresh registration.
+    # The labels sent with registerRuntime are on record, so the reconciler finds nothing to
+    # sync for a fresh registration. Shown without sleeping: a later Kyma label change is
+    # synced, and it is the only Director label call; the reconcile that wrote it compared all
+    # labels with the record, and every sweep before it found nothing to write either.
     wait_for(
         lambda: (rt_a.mapping() or {}).get("status", {}).get("directorLabels"),
         what="directorLabels on the mapping",
     )
-    time.sleep(5)
-    assert attempts(sim, "setRuntimeLabel") == 0
+    sync_marker_label(rt_a, sim)
+    assert attempts(sim, "setRuntimeLabel") == 1
 
 
 def test_health_ready_metrics_openapi(brokers: BrokerFactory) -> None:
@@ -439,8 +452,7 @@ def test_kyma_deleted_while_broker_stopped_is_swept(
     assert broker.request_token(rt_a.runtime_id, rt_a.token()).status_code == 201
     assert broker.stop() == 0  # clean SIGTERM shutdown
     rt_a.delete_kyma()
-    time.sleep(0.5)
-    assert len(director_runtimes(sim, rt_a.tenant)) == 1  # nobody noticed yet
+    assert len(director_runtimes(sim, rt_a.tenant)) == 1  # no broker runs to notice
     brokers()
     wait_for(lambda: not director_runtimes(sim, rt_a.tenant), what="the sweep to unregister")
     wait_for(lambda: rt_a.mapping() is None, what="mapping removal")
@@ -460,7 +472,8 @@ def _register_like_compass_manager(sim: Any, rt: Runtime) -> str:
             "query": "mutation($in: RuntimeRegisterInput!) { registerRuntime(in: $in) { id } }",
             "variables": {
                 "in": {
-                    "name": "cm-registered-abcde",
+                    # compass-manager's `<shoot>-<random letters>`, upper case included
+                    "name": "cm-registered-AbCdEf",
                     "labels": {
                         "director_connection_managed_by": "compass-manager",
                         "global_account_id": rt.tenant,
@@ -519,7 +532,9 @@ def test_compass_manager_mapping_adopted_and_labels_synced(
     assert r.status_code == 201, r.text
     assert r.json()["compassRuntimeID"] == compass_id
     assert attempts(sim, "registerRuntime") == registrations_before
-    assert [x.id for x in director_runtimes(sim, rt_a.tenant)] == [compass_id]
+    assert [(x.id, x.name) for x in director_runtimes(sim, rt_a.tenant)] == [
+        (compass_id, "cm-registered-AbCdEf")
+    ]
 
     # A later change of a Kyma label that feeds a Director label is synced too.
     rt_a.patch_kyma({"metadata": {"labels": {"kyma-project.io/broker-plan-name": "aws"}}})
@@ -548,6 +563,9 @@ def test_module_disabled_keeps_or_unregisters_by_policy(
         wait_for(lambda: not director_runtimes(sim, rt_a.tenant), what="unregistration")
         wait_for(lambda: rt_a.mapping() is None, what="mapping removal")
     else:
-        time.sleep(3)  # longer than the test sweep interval (2 s): the leader had its chance
+        # The leader reconciles the mapping after the module went off (the marker is written
+        # by a reconcile that reads the Kyma with the module off), and keeps the registration.
+        sync_marker_label(rt_a, sim)
         assert len(director_runtimes(sim, rt_a.tenant)) == 1
+        assert attempts(sim, "unregisterRuntime") == 0
         assert rt_a.mapping() is not None

@@ -24,6 +24,7 @@ from control_plane_broker.errors import (
     IdentityNotProven,
     RuntimeKubeconfigInvalid,
 )
+from control_plane_broker.identity import claims
 from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
 from control_plane_broker.kube.runtime_access import NEGATIVE_SECONDS, RuntimeAccess
@@ -132,7 +133,9 @@ async def test_tokenreview_asks_runtime_with_audience_and_caches_by_hash() -> No
     await verifier.verify(runtime_id="RT-A", headers=bearer("tok-a"))
     assert len(world.reviews) == 1  # cached
     assert world.secret_reads == ["kubeconfig-rt-a"]  # exact name, lower-cased ID
-    assert all("tok-a" not in key for key in verifier._cache)
+    # The verdict is kept under the fingerprint of (runtime, token), never under the token.
+    assert list(verifier._cache) == [claims.token_fingerprint("RT-A", "tok-a")]
+    assert "tok-a" not in repr(verifier._cache)
     with pytest.raises(IdentityNotProven):
         await verifier.verify(runtime_id="RT-A", headers=bearer("tok-of-b"))
     with pytest.raises(IdentityForbidden):

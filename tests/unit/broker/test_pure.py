@@ -1,5 +1,5 @@
 """Table-driven tests of the broker's pure decisions: breaker, rate limit, claims, naming,
-transitions, policy, problems, XFCC parsing, error classification, reconcile plan."""
+transitions, policy, problems, error classification, reconcile plan."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from control_plane_broker.director.errors import (
     DirectorRetryable,
     classify,
 )
-from control_plane_broker.identity import claims, xfcc
+from control_plane_broker.identity import claims
 from control_plane_broker.model import KymaView
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import BucketPolicy, take
@@ -190,42 +190,6 @@ def test_fingerprint_binds_runtime_and_hides_token() -> None:
     a = claims.token_fingerprint("rt-a", "secret-token")
     assert a != claims.token_fingerprint("rt-b", "secret-token")
     assert "secret-token" not in a
-
-
-# --- XFCC -------------------------------------------------------------------------------------
-
-
-def test_xfcc_uses_the_last_element_and_matches_cn() -> None:
-    header = (
-        'By=spiffe://a;Subject="CN=evil";URI=x,'
-        'By=spiffe://gw;Hash=abc;Subject="O=Kyma,CN=RT-1,OU=x";URI='
-    )
-    ident = xfcc.identity_from_xfcc(
-        {"x-forwarded-client-cert": header}, runtime_id="rt-1", trusted=True
-    )
-    assert ident.runtime_id == "rt-1"
-    with pytest.raises(errors.IdentityForbidden):
-        xfcc.identity_from_xfcc(
-            {"x-forwarded-client-cert": header}, runtime_id="rt-2", trusted=True
-        )
-
-
-@pytest.mark.parametrize(
-    ("headers", "trusted"),
-    [
-        ({"x-forwarded-client-cert": 'Subject="CN=rt-1"'}, False),
-        ({}, True),
-        ({"x-forwarded-client-cert": 'Subject="O=x"'}, True),
-    ],
-)
-def test_xfcc_not_proven(headers: dict[str, str], trusted: bool) -> None:
-    with pytest.raises(errors.IdentityNotProven):
-        xfcc.identity_from_xfcc(headers, runtime_id="rt-1", trusted=trusted)
-
-
-def test_xfcc_quoted_separators() -> None:
-    elements = xfcc.split_elements('Subject="CN=a,O=b;c";URI=u')
-    assert elements == [{"subject": "CN=a,O=b;c", "uri": "u"}]
 
 
 # --- naming -----------------------------------------------------------------------------------
