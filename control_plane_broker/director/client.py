@@ -29,6 +29,8 @@ from control_plane_broker.director.models import (
 )
 from control_plane_broker.director.oauth import OAuthTokenSource
 
+# httpx errors raised before any byte of the request left: nothing reached Director.
+UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 PAGE_SIZE = 100  # Director's maximum for `first`
 MAX_PAGES = 50  # 5,000 runtimes with one label value is not an answer we can act on
 
@@ -73,7 +75,10 @@ class DirectorClient:
     ) -> dict[str, Any]:
         async def attempt() -> dict[str, Any]:
             for second_try in (False, True):
-                token = await self._oauth.token()
+                try:
+                    token = await self._oauth.token()
+                except DirectorRetryable as exc:
+                    raise DirectorRetryable(str(exc), delivered=False) from exc
                 try:
                     response = await self._http.post(
                         self._url,
@@ -81,7 +86,9 @@ class DirectorClient:
                         headers={"Authorization": f"Bearer {token}", "Tenant": tenant},
                     )
                 except httpx.HTTPError as exc:
-                    raise DirectorRetryable(f"{operation}: {type(exc).__name__}") from exc
+                    raise DirectorRetryable(
+                        f"{operation}: {type(exc).__name__}", delivered=not isinstance(exc, UNSENT)
+                    ) from exc
                 if response.status_code == 401 and not second_try:
                     self._oauth.invalidate()  # revoked or expired early: fetch a new one once
                     continue

@@ -18,7 +18,21 @@ NOT_FOUND = 20
 
 
 class DirectorRetryable(CompassUnavailable):
-    pass
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, delivered: bool = True
+    ) -> None:
+        super().__init__(message, retry_after=retry_after)
+        # False only when the request certainly never reached Director (no access token, no
+        # connection): registration then knows nothing can have been registered.
+        self.delivered = delivered
+
+
+def may_have_reached_director(exc: BaseException) -> bool:
+    """Could the call that failed with `exc` have been carried out by Director?"""
+    if isinstance(exc, DirectorRetryable):
+        return exc.delivered
+    # The guard's own refusals (breaker open, no slot) are raised before any call.
+    return not isinstance(exc, CompassUnavailable)
 
 
 class DirectorPermanent(CompassRejected):

@@ -5,9 +5,10 @@ claim the mapping → register → record the Compass runtime ID on the mapping 
 claim) before anything else uses it. Director is searched first (by our label, then by
 compass-manager's) only where an earlier attempt may have registered the runtime:
 
-- a mapping this flight *created* had no holder before us, and we register nothing without
-  holding the claim, so nobody can have registered this Kyma: no lookup (the hot path of a new
-  runtime costs exactly `registerRuntime`);
+- a mapping this process *created* had no holder before us, and we register nothing without
+  holding the claim, so nobody can have registered this Kyma as long as every attempt of ours
+  failed before its request left (no access token, no connection, the breaker): no lookup (the
+  hot path of a new runtime costs exactly `registerRuntime`, also after an outage);
 - a mapping that existed without a Compass ID (compass-manager creates its mapping before it
   registers; a broker that crashed or lost Director's answer leaves its claim) may have a
   registration behind it: it is looked up before registering.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from control_plane_broker.director.client import DirectorClient
+from control_plane_broker.director.errors import may_have_reached_director
 from control_plane_broker.director.models import RuntimeRegisterInput
 from control_plane_broker.errors import (
     ControlPlaneUnavailable,
@@ -86,6 +88,10 @@ class RegistrationService:
         self._me = me
         self._clock = clock
         self._flights: SingleFlight[Registered] = SingleFlight()
+        # Mappings this process created whose runtime cannot be registered yet: no call of ours
+        # can have reached Director for them (only the claim holder registers, and every failed
+        # attempt so far failed before its request left). These register without a look-up.
+        self._unregistered: set[str] = set()
         # Tests use this to stop the process between Director and KCP (crash tests).
         self._after_register = after_register
 
@@ -121,7 +127,6 @@ class RegistrationService:
     async def _ensure(self, kyma: KymaView, tenant: str, mapping: Mapping | None) -> Registered:
         s = self._settings
         wait_until = self._clock() + WAIT_FOR_OTHER_SECONDS
-        created_here = False  # this flight created the mapping: nobody registered before us
         for _ in range(MAX_ROUNDS):
             now = self._clock()
             match state.decide(mapping, me=self._me, now=now):
@@ -130,6 +135,8 @@ class RegistrationService:
                 case state.Refuse(reason=reason):
                     raise KymaDeleting(reason)
                 case state.Wait(retry_after=retry_after):
+                    # Someone else holds the claim: whatever we knew of this mapping is void.
+                    self._unregistered.discard(kyma.name)
                     # Another replica usually records within a second: wait a little for it
                     # rather than sending the agent away.
                     if now >= wait_until:
@@ -149,11 +156,14 @@ class RegistrationService:
                                 claim_seconds=s.registration_claim_seconds,
                             )
                         )
-                        created_here = True
+                        self._unregistered.add(kyma.name)
                     except Conflict:  # someone else created it: decide again on what is there
                         mapping = await self._repo.get(kyma.name)
                 case state.TakeClaim():
                     assert mapping is not None
+                    # A claim that lapsed may have been taken and used by another replica
+                    # meanwhile: from here on this runtime is looked up before registering.
+                    self._unregistered.discard(kyma.name)
                     try:
                         mapping = await self._repo.replace(self._claim(mapping, now))
                     except Conflict:  # lost the race, or our view was stale: decide again
@@ -167,9 +177,10 @@ class RegistrationService:
                         mapping = await self._repo.replace(self._claim(mapping, now))
                         continue
                     compass_id, outcome, labels = await self._find_or_register(
-                        kyma, tenant, lookup=not created_here
+                        kyma, tenant, lookup=kyma.name not in self._unregistered
                     )
                     await self._record(mapping, compass_id, labels)
+                    self._unregistered.discard(kyma.name)
                     self._metrics.registrations.labels(outcome).inc()
                     return Registered(compass_id, tenant, outcome, labels)
         raise RegistrationBusy("registration did not settle", retry_after=1)
@@ -212,7 +223,12 @@ class RegistrationService:
             description=f"Kyma runtime {kyma.runtime_id}",
             labels=labels,
         )
-        runtime = await self._director.register_runtime(tenant=tenant, spec=spec)
+        try:
+            runtime = await self._director.register_runtime(tenant=tenant, spec=spec)
+        except BaseException as exc:
+            if may_have_reached_director(exc):
+                self._unregistered.discard(kyma.name)  # the next attempt must look it up
+            raise
         log.info(
             "registered runtime in Director", extra={"kyma": kyma.name, "compass_id": runtime.id}
         )

@@ -15,7 +15,11 @@ from graphql import build_schema, parse, validate
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director import documents
 from control_plane_broker.director.client import MAX_PAGES, DirectorClient
-from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
+from control_plane_broker.director.errors import (
+    DirectorPermanent,
+    DirectorRetryable,
+    may_have_reached_director,
+)
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.models import RuntimeRegisterInput
 from control_plane_broker.director.oauth import OAuthTokenSource, refresh_at
@@ -46,10 +50,13 @@ class FakeDirector:
         self.calls: list[dict[str, Any]] = []
         self.answers: list[httpx.Response | Exception] = []
         self.expires_in = 300
+        self.oauth_status = 200
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/oauth/token":
             self.oauth_calls += 1
+            if self.oauth_status != 200:
+                return httpx.Response(self.oauth_status)
             assert request.headers["Authorization"].startswith("Basic ")
             assert b"grant_type=client_credentials" in request.content
             return httpx.Response(
@@ -539,4 +546,42 @@ async def test_follow_up_token_request_goes_before_waiting_first_calls() -> None
     release.set()
     await asyncio.gather(holder, first, follow)
     assert order == ["holder", "follow", '"first"']
+    await http.aclose()
+
+
+SPEC = RuntimeRegisterInput(name="rt", labels={})
+
+
+@pytest.mark.parametrize(
+    ("answer", "delivered"),
+    [
+        (httpx.ConnectError("refused"), False),  # no connection: nothing left
+        (httpx.ReadTimeout("slow"), True),  # sent, answer lost: Director may have done it
+        (httpx.Response(503, text="down"), True),  # answered: it saw the request
+    ],
+)
+async def test_a_failed_call_says_whether_it_may_have_reached_director(
+    answer: httpx.Response | Exception, delivered: bool
+) -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    fake.answers = [answer]
+    with pytest.raises(DirectorRetryable) as info:
+        await client.register_runtime(tenant="t", spec=SPEC)
+    assert info.value.delivered is delivered
+    assert may_have_reached_director(info.value) is delivered
+    await http.aclose()
+
+
+async def test_no_access_token_means_nothing_was_sent() -> None:
+    fake, clock = FakeDirector(), Clock()
+    fake.oauth_status = 503
+    client, _, http = make(fake, clock)
+    with pytest.raises(DirectorRetryable) as info:
+        await client.register_runtime(tenant="t", spec=SPEC)
+    assert info.value.delivered is False
+    assert fake.calls == []
+    # The guard's own refusals come before any call, too.
+    assert may_have_reached_director(CompassUnavailable("breaker open")) is False
+    assert may_have_reached_director(DirectorPermanent("refused")) is True
     await http.aclose()
