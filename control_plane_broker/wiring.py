@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 HEADER_TIMEOUT_SECONDS = 10.0
 WEDGE_SECONDS = 5.0
 RECONCILE_WORKERS = 4
+EVENT_WRITE_INTERVAL_SECONDS = 30.0  # repeats of one Event are written at most this often
 
 
 def replica_identity() -> str:
@@ -87,9 +88,14 @@ async def run(  # noqa: PLR0915
     kymas = kyma_informer(kcp, namespace=ns, delay=watch_backoff)
     mappings = mapping_informer(kcp, namespace=ns, delay=watch_backoff)
     repo = MappingRepository(kcp, namespace=ns)
-    events = KymaEvents(
-        EventRecorder(kcp, namespace=ns, component="compass-broker", host=me), namespace=ns
+    recorder = EventRecorder(
+        kcp,
+        namespace=ns,
+        component="compass-broker",
+        host=me,
+        min_write_interval=EVENT_WRITE_INTERVAL_SECONDS,
     )
+    events = KymaEvents(recorder, namespace=ns)
     status = StatusRecorder(repo=repo, cache=mappings, events=events, clock=wall)
 
     c = settings.director_max_concurrency
@@ -226,6 +232,7 @@ async def run(  # noqa: PLR0915
     supervisor.start("loop-watch", loop_watch.run)
     supervisor.start("kyma-watch", kymas.run)
     supervisor.start("mapping-watch", mappings.run)
+    supervisor.start("event-flusher", recorder.run_flusher, required=False)
     if settings.reconciler_enabled:
         reconciler = Reconciler(
             settings=settings,
@@ -261,6 +268,7 @@ async def run(  # noqa: PLR0915
     finally:
         log.info("shutting down")
         await supervisor.stop()
+        await recorder.flush()
         if settings.leader_election and settings.reconciler_enabled:
             await elector.release()
         await runtime_access.aclose()

@@ -47,8 +47,10 @@ class ObjectRef:
 class _Seen:
     event_name: str
     namespace: str
-    count: int
-    last: datetime
+    count: int  # as written on the Event
+    last: datetime  # last occurrence
+    written: datetime  # last write
+    pending: int = 0  # occurrences counted here, not yet written
 
 
 _Key = tuple[str, str, str, str]
@@ -78,6 +80,7 @@ class EventRecorder:
         clock: WallClock = _utcnow,
         window: float = 600.0,
         max_keys: int = 4096,
+        min_write_interval: float = 0.0,
     ) -> None:
         self._client = client
         self._namespace = namespace
@@ -86,6 +89,11 @@ class EventRecorder:
         self._clock = clock
         self._window = window
         self._max_keys = max_keys
+        # With a positive interval, repeats within it are only counted here and written by the
+        # next repeat after it or by `flush`: a busy object costs one write per interval, not
+        # one per occurrence (client-go's recorder drops what its spam filter refuses; we keep
+        # the count).
+        self._min_write_interval = min_write_interval
         self._seen: OrderedDict[_Key, _Seen] = OrderedDict()
         self._locks: dict[_Key, tuple[asyncio.Lock, int]] = {}
 
@@ -141,17 +149,12 @@ class EventRecorder:
         stamp = event_time(now)
         seen = self._seen.get(key)
         if seen is not None and (now - seen.last).total_seconds() <= self._window:
-            path = f"/api/v1/namespaces/{seen.namespace}/events/{seen.event_name}"
-            try:
-                await self._client.merge_patch(
-                    path, {"count": seen.count + 1, "lastTimestamp": stamp}
-                )
-            except NotFound:
-                pass  # expired (event TTL) or deleted: a new one below
-            else:
-                seen.count += 1
+            self._seen.move_to_end(key)
+            if (now - seen.written).total_seconds() < self._min_write_interval:
+                seen.pending += 1
                 seen.last = now
-                self._seen.move_to_end(key)
+                return
+            if await self._patch(seen, occurrences=seen.pending + 1, now=now):
                 return
         name = f"{involved.name[:200]}.{uuid.uuid4().hex[:16]}"
         body = self.body(
@@ -159,10 +162,44 @@ class EventRecorder:
         )
         namespace = body["metadata"]["namespace"]
         await self._client.create(f"/api/v1/namespaces/{namespace}/events", body)
-        self._seen[key] = _Seen(event_name=name, namespace=namespace, count=1, last=now)
+        self._seen[key] = _Seen(
+            event_name=name, namespace=namespace, count=1, last=now, written=now
+        )
         self._seen.move_to_end(key)
         while len(self._seen) > self._max_keys:
             self._seen.popitem(last=False)
+
+    async def _patch(self, seen: _Seen, *, occurrences: int, now: datetime) -> bool:
+        """Adds `occurrences` to the Event; False when it is gone (expired or deleted)."""
+        path = f"/api/v1/namespaces/{seen.namespace}/events/{seen.event_name}"
+        try:
+            await self._client.merge_patch(
+                path, {"count": seen.count + occurrences, "lastTimestamp": event_time(now)}
+            )
+        except NotFound:
+            return False
+        seen.count += occurrences
+        seen.pending = 0
+        seen.last = seen.written = now
+        return True
+
+    async def flush(self) -> None:
+        """Writes the counts held back by `min_write_interval`; never raises."""
+        for key, seen in list(self._seen.items()):
+            if not seen.pending:
+                continue
+            try:
+                async with self._lock(key):
+                    if seen.pending:
+                        await self._patch(seen, occurrences=seen.pending, now=seen.last)
+            except Exception as exc:
+                log.warning("could not flush an event count", extra={"error": type(exc).__name__})
+
+    async def run_flusher(self) -> None:
+        """Flushes every `min_write_interval` seconds, forever (run it as a background task)."""
+        while True:
+            await asyncio.sleep(max(self._min_write_interval, 1.0))
+            await self.flush()
 
     def _lock(self, key: _Key) -> _KeyLock:
         return _KeyLock(self._locks, key)

@@ -429,6 +429,38 @@ def test_crash_between_register_and_record_then_restart_no_duplicate(
     assert mapping["metadata"]["labels"]["kyma-project.io/compass-runtime-id"] == runtime.id
 
 
+def test_crash_between_register_and_record_then_kyma_deleted_leaves_no_orphan(
+    brokers: BrokerFactory, rt_a: Runtime, sim: Any
+) -> None:
+    """Issue 11 item 14: the broker dies after Director registered the runtime and before the
+    mapping recorded it; the Kyma is deleted while no broker runs. The next leader must find
+    the runtime by the ID as written on the Kyma (upper case here), not by the mapping's
+    lower-cased name, and unregister it before the mapping goes."""
+    assert rt_a.runtime_id != rt_a.runtime_id.lower()  # the case that used to be lost
+    fast = {
+        "BROKER_DIRECTOR_TIMEOUT_SECONDS": "1",
+        "BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS": "0.5",
+        "BROKER_REGISTRATION_CLAIM_SECONDS": "3",
+    }
+    crashing = brokers(TEST_BROKER_CRASH_AFTER_REGISTER="1", **fast)
+    with pytest.raises(httpx.TransportError):
+        crashing.request_token(rt_a.runtime_id, rt_a.token())
+    assert crashing.wait_exit() == 70
+    assert len(director_runtimes(sim, rt_a.tenant)) == 1
+    rt_a.delete_kyma()
+    wait_for(lambda: rt_a.kyma() is None, what="the Kyma to be gone")
+
+    brokers(**fast)
+    wait_for(
+        lambda: rt_a.mapping() is None,
+        timeout=30,
+        interval=0.5,
+        what="the sweep to unregister the orphan and remove the mapping",
+    )
+    assert director_runtimes(sim, rt_a.tenant) == []
+    assert attempts(sim, "unregisterRuntime") == 1
+
+
 # --- reconciler ---
 
 

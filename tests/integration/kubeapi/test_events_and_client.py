@@ -154,3 +154,28 @@ async def test_an_untrusted_kubeconfig_with_a_token_reaches_the_server(
             await client.get(f"/api/v1/namespaces/{ns}/secrets")
     assert caught.value.status == 403
     assert token not in str(caught.value)
+
+
+async def test_repeats_within_the_write_interval_are_counted_and_written_once(
+    access: ClusterAccess, ns: str
+) -> None:
+    clock = WallClock()
+    calls: Counter[str] = Counter()
+    async with KubeClient(access, user_agent="t", on_request=lambda v, s: calls.update([v])) as c:
+        recorder = EventRecorder(
+            c, namespace=ns, component="c", host="h", clock=clock, min_write_interval=30
+        )
+        about = ObjectRef("v1", "ConfigMap", "busy", namespace=ns, uid="uid-busy")
+        for _ in range(10):  # ten tokens in ten seconds: one create, nothing else yet
+            await recorder.record(about, type_="Normal", reason="TokenIssued", message="m")
+            clock.now += timedelta(seconds=1)
+        assert calls == {"create": 1}
+        clock.now += timedelta(seconds=30)
+        await recorder.record(about, type_="Normal", reason="TokenIssued", message="m")
+        assert calls == {"create": 1, "patch": 1}  # the held-back nine and this one
+        await recorder.record(about, type_="Normal", reason="TokenIssued", message="m")
+        await recorder.flush()  # what is held back is written on flush (e.g. at shutdown)
+        await recorder.flush()  # nothing more to write
+        assert calls == {"create": 1, "patch": 2}
+        [event] = (await c.list(f"/api/v1/namespaces/{ns}/events")).items
+    assert event["count"] == 12
