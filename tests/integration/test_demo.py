@@ -170,9 +170,11 @@ def test_the_demo_tells_the_whole_story_and_leaves_nothing_running(tmp_path: Pat
     assert UUID.match(a["Compass runtime ID"])
     assert UUID.match(b["Compass runtime ID"])
     assert a["Compass runtime ID"] != b["Compass runtime ID"]
-    # register, token, unregister: a runtime whose mapping the broker created needs no look-up
+    # A runtime whose mapping the broker created needs no look-up, also when its first
+    # attempts met Compass down (they failed before a request left): A register, token,
+    # unregister; B register, token.
     assert int(a["Director calls"]) >= 3
-    assert int(b["Director calls"]) >= 3
+    assert int(b["Director calls"]) >= 2
     by_operation = {
         m.group(1): m.group(2) for m in re.finditer(r"^\s+(runtime [AB] \(\w+\)): (.+)$", out, re.M)
     }
