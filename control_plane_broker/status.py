@@ -159,7 +159,7 @@ class StatusRecorder:
         # One Event per token, aggregated (count + lastTimestamp) for repeats; a registration
         # says both in one, so a new runtime costs one Event write, not two.
         if registered.outcome == "registered":
-            await self._events.record(
+            self._events.emit(
                 kyma_name=kyma.name,
                 kyma_uid=kyma.uid,
                 reason="RuntimeRegistered",
@@ -167,7 +167,7 @@ class StatusRecorder:
                 "one-time token issued to the runtime agent",
             )
         else:
-            await self._events.record(
+            self._events.emit(
                 kyma_name=kyma.name,
                 kyma_uid=kyma.uid,
                 reason="TokenIssued",

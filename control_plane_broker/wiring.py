@@ -268,6 +268,7 @@ async def run(  # noqa: PLR0915
     finally:
         log.info("shutting down")
         await supervisor.stop()
+        await events.drain()
         await recorder.flush()
         if settings.leader_election and settings.reconciler_enabled:
             await elector.release()

@@ -174,7 +174,9 @@ class KubeClient:
             limits=httpx.Limits(
                 # Watches hold a connection each and do not take a request slot.
                 max_connections=max_connections + WATCH_CONNECTIONS,
-                max_keepalive_connections=max_connections,
+                # All of them kept alive: closing one a watch pushed over the limit would
+                # cost a TLS handshake for the next request.
+                max_keepalive_connections=max_connections + WATCH_CONNECTIONS,
             ),
             transport=transport,
             trust_env=False,

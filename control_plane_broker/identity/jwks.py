@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ from control_plane_broker.singleflight import SingleFlight
 from kubeapi import KubeError
 
 ALGORITHMS = ["RS256", "ES256"]
+MAX_VERDICTS = 20_000
 JWKS_ACCEPT = "application/jwk-set+json, application/json"  # the API server refuses plain JSON
 
 
@@ -68,6 +70,8 @@ class JwksVerifier:
         self._max_age = max_age_seconds
         self._leeway = leeway
         self._keys: dict[str, _Keys] = {}
+        # fingerprint of (runtime, token) → (when the key set that verified it was fetched, ...)
+        self._verdicts: OrderedDict[str, tuple[float, Identity]] = OrderedDict()
         self._failed_at: dict[str, float] = {}
         self._fetches: SingleFlight[_Keys] = SingleFlight()
         # Fetches wait here rather than in the HTTP client's pool (whose bookkeeping grows with
@@ -118,7 +122,7 @@ class JwksVerifier:
         self._keys[key] = keys
         return keys
 
-    async def _key_for(self, runtime_id: str, kid: str) -> tuple[str, jwt.PyJWK]:
+    async def _key_for(self, runtime_id: str, kid: str) -> tuple[str, jwt.PyJWK, float]:
         key_of_runtime = runtime_id.lower()
         cached = self._keys.get(key_of_runtime)
         age = None if cached is None else self._clock() - cached.fetched_at
@@ -134,10 +138,26 @@ class JwksVerifier:
         key = cached.keys.get(kid)
         if key is None:
             raise IdentityNotProven("token signed by an unknown key", reason="unknown-kid")
-        return cached.issuer, key
+        return cached.issuer, key, cached.fetched_at
 
     async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity:
         token = claims.bearer_token(headers.get("authorization"))
+        # A token verified before is not verified again until it expires or its key could have
+        # been retired (the key set's refresh age): a signature check is most of a token's CPU.
+        fingerprint = claims.token_fingerprint(runtime_id, token)
+        hit = self._verdicts.get(fingerprint)
+        if hit is not None:
+            keys_fetched_at, cached = hit
+            expired = cached.expires_at is not None and cached.expires_at <= time.time()
+            if not expired and self._clock() - keys_fetched_at < self._max_age:
+                return cached
+        keys_fetched_at, identity = await self._verify(runtime_id, token)
+        self._verdicts[fingerprint] = (keys_fetched_at, identity)
+        while len(self._verdicts) > MAX_VERDICTS:
+            self._verdicts.popitem(last=False)
+        return identity
+
+    async def _verify(self, runtime_id: str, token: str) -> tuple[float, Identity]:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:
@@ -145,7 +165,7 @@ class JwksVerifier:
         if header.get("alg") not in ALGORITHMS:
             raise IdentityNotProven("unsupported signature algorithm", reason="algorithm")
         try:
-            issuer, key = await self._key_for(runtime_id, str(header.get("kid", "")))
+            issuer, key, fetched_at = await self._key_for(runtime_id, str(header.get("kid", "")))
         except IdentityNotProven as exc:
             if exc.reason != "unknown-kid":
                 raise
@@ -177,7 +197,7 @@ class JwksVerifier:
         subject = str(payload.get("sub", ""))
         claims.check_service_account(subject, self._allowed)
         exp = payload.get("exp")
-        return Identity(
+        return fetched_at, Identity(
             runtime_id=runtime_id,
             subject=subject,
             mode=self.mode,

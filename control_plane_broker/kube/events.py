@@ -6,14 +6,38 @@ and never raises. Messages are written by the broker itself and never contain to
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from control_plane_broker.model import KYMA_GROUP, KYMA_VERSION
 from kubeapi import EventRecorder, ObjectRef
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING = 1024  # Events in flight in the background; beyond that they are dropped (logged)
 
 
 class KymaEvents:
     def __init__(self, recorder: EventRecorder, *, namespace: str) -> None:
         self._recorder = recorder
         self._namespace = namespace
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def emit(self, *, kyma_name: str, kyma_uid: str, reason: str, message: str) -> None:
+        """Records a Normal Event in the background: an answer never waits for its Event."""
+        if len(self._pending) >= MAX_PENDING:
+            log.warning("event dropped: too many in flight", extra={"reason": reason})
+            return
+        task = asyncio.create_task(
+            self.record(kyma_name=kyma_name, kyma_uid=kyma_uid, reason=reason, message=message)
+        )
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def drain(self) -> None:
+        """Waits for the Events still in flight (at shutdown)."""
+        if self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
 
     async def record(
         self, *, kyma_name: str, kyma_uid: str, reason: str, message: str, warning: bool = False

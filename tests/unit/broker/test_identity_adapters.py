@@ -433,3 +433,42 @@ async def test_concurrent_callers_of_one_runtime_share_one_secret_read() -> None
     assert world.secret_reads == ["kubeconfig-rt-a"]
     await runtime_access.aclose()
     await kcp.aclose()
+
+
+async def test_a_verified_token_is_not_verified_again_within_the_key_age(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = World()
+    key = ec.generate_private_key(ec.SECP256R1())
+    world.jwks = {"keys": [_jwk(key, "k1", "ES256")]}
+    now = [1000.0]
+    verifier, runtime_access, kcp = _jwks_verifier(world, clock=lambda: now[0])
+    token = _agent_token(key)
+    decodes = []
+    real_decode = jwt.decode
+
+    def counting_decode(*args: Any, **kwargs: Any) -> Any:
+        decodes.append(1)
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(jwt, "decode", counting_decode)
+    for _ in range(5):
+        await verifier.verify(runtime_id="rt-a", headers=bearer(token))
+    assert len(decodes) == 1  # the signature is checked once
+    # The verdict is bound to the runtime: the same token presented for another runtime is not
+    # served from it (here that runtime has no kubeconfig at all, so nothing proves it).
+    with pytest.raises(IdentityNotProven):
+        await verifier.verify(runtime_id="rt-b", headers=bearer(token))
+    assert len(decodes) == 1
+    # Once the key set that verified it is older than the key age, it is checked again.
+    now[0] += 301
+    await verifier.verify(runtime_id="rt-a", headers=bearer(token))
+    assert len(decodes) == 2
+    # A token that does not verify is never cached: every attempt pays for its check.
+    with pytest.raises((IdentityNotProven, IdentityForbidden)):
+        await verifier.verify(runtime_id="rt-a", headers=bearer(token[:-4] + "AAAA"))
+    with pytest.raises((IdentityNotProven, IdentityForbidden)):
+        await verifier.verify(runtime_id="rt-a", headers=bearer(token[:-4] + "AAAA"))
+    assert len(decodes) == 4
+    await runtime_access.aclose()
+    await kcp.aclose()
