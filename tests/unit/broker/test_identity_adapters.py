@@ -467,8 +467,10 @@ async def test_a_verified_token_is_not_verified_again_within_the_key_age(
     # A token that does not verify is never cached: every attempt pays for its check.
     with pytest.raises((IdentityNotProven, IdentityForbidden)):
         await verifier.verify(runtime_id="rt-a", headers=bearer(token[:-4] + "AAAA"))
+    per_attempt = len(decodes) - 2
+    assert per_attempt > 0
     with pytest.raises((IdentityNotProven, IdentityForbidden)):
         await verifier.verify(runtime_id="rt-a", headers=bearer(token[:-4] + "AAAA"))
-    assert len(decodes) == 4
+    assert len(decodes) == 2 + 2 * per_attempt
     await runtime_access.aclose()
     await kcp.aclose()
