@@ -185,3 +185,48 @@ async def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_time
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
     assert KEEP_ALIVE_SECONDS - 0.5 <= idle <= KEEP_ALIVE_SECONDS + MARGIN, idle
+
+
+@pytest.mark.timeout(60)
+async def test_a_slowly_sent_request_body_does_not_hold_the_connection(
+    brokers: BrokerFactory,
+) -> None:
+    """Complete headers, then a body announced large and sent a byte at a time: the broker's
+    answer does not wait for the body, but the connection must not stay open for as long as
+    the client keeps dribbling (each byte would restart uvicorn's keep-alive timer), or 400
+    such clients hold 400 connections just as slow headers would. The whole request gets the
+    header timeout."""
+    broker = brokers()
+    reader, writer = await asyncio.open_connection("127.0.0.1", broker.port)
+    opened = time.monotonic()
+    writer.write(
+        b"POST /v1/runtimes/abc/token HTTP/1.1\r\nHost: broker\r\nContent-Length: 100000\r\n\r\n"
+    )
+
+    async def dribble() -> None:
+        while True:
+            writer.write(b"a")
+            await writer.drain()
+            await asyncio.sleep(DRIBBLE_EVERY)
+
+    sender = asyncio.create_task(dribble())
+    closed_after: float | None = None
+    try:
+        with contextlib.suppress(ConnectionError):
+            async with asyncio.timeout(HEADER_TIMEOUT_SECONDS + MARGIN):
+                while await reader.read(65536):
+                    pass  # the answer (a 401) comes at once; what matters is the close
+            closed_after = time.monotonic() - opened
+    except TimeoutError:
+        pass
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await sender
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    assert closed_after is not None, (
+        f"a connection dribbling its body was still open {HEADER_TIMEOUT_SECONDS + MARGIN} s "
+        "after it opened"
+    )
