@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import secrets
-import ssl
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -30,6 +30,7 @@ import yaml
 from bench.keys import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, AUDIENCE, RuntimeKey
 from bench.procs import Child, python_child, wait_http_ok
 from bench.prometheus import parse_request_counts
+from kubeapi import Conflict, KubeClient, KubeError, access_from_kubeconfig_file
 
 GROUP = "operator.kyma-project.io"
 CLIENT_ID = "bench-broker"
@@ -41,40 +42,22 @@ RUNTIMES_PER_GLOBAL_ACCOUNT = 10
 
 
 class ApiServer:
-    """Async admin access to one API server (KCP or a runtime), from its admin kubeconfig."""
+    """Async admin access to one API server (KCP or a runtime), from its admin kubeconfig,
+    through the project's one Kubernetes layer (`kubeapi`)."""
 
     def __init__(self, kubeconfig_path: Path, workdir: Path) -> None:
-        config = yaml.safe_load(kubeconfig_path.read_text())
-        cluster = config["clusters"][0]["cluster"]
-        user = config["users"][0]["user"]
         workdir.mkdir(parents=True, exist_ok=True)
-        ca = workdir / "kcp-ca.crt"
-        cert = workdir / "kcp-admin.crt"
-        key = workdir / "kcp-admin.key"
-        ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
-        cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
-        key.write_bytes(base64.b64decode(user["client-key-data"]))
-        key.chmod(0o600)
-        self.server = str(cluster["server"])
         self.kubeconfig_path = kubeconfig_path
-        self._tls = ssl.create_default_context(cafile=str(ca))
-        self._tls.load_cert_chain(str(cert), str(key))
+        self._access = access_from_kubeconfig_file(kubeconfig_path)
+        self.server = self._access.server
 
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.server,
-            verify=self._tls,
-            timeout=30.0,
-            limits=httpx.Limits(max_connections=32),
-        )
+    def client(self) -> KubeClient:
+        return KubeClient(self._access, user_agent="bench", timeout=30.0, max_connections=32)
 
     async def create_namespace(self, name: str) -> None:
-        async with self.client() as http:
-            response = await http.post(
-                "/api/v1/namespaces", json={"metadata": {"name": name}, "apiVersion": "v1"}
-            )
-            if response.status_code not in (201, 409):
-                response.raise_for_status()
+        async with self.client() as kube:
+            with contextlib.suppress(Conflict):
+                await kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
 
     async def seed_kymas(
         self, namespace: str, keys: Sequence[RuntimeKey], *, concurrency: int = 24
@@ -121,18 +104,17 @@ class ApiServer:
     async def create_all(
         self, path: str, bodies: Sequence[dict[str, Any]], *, concurrency: int
     ) -> None:
-        """POSTs every body to `path`, `concurrency` at a time; any answer but 201 fails."""
+        """POSTs every body to `path`, `concurrency` at a time; any failure fails the run."""
         gate = asyncio.Semaphore(concurrency)
-        async with self.client() as http:
+        async with self.client() as kube:
 
             async def create(body: dict[str, Any]) -> None:
                 async with gate:
-                    response = await http.post(path, json=body)
-                if response.status_code != 201:
-                    raise RuntimeError(
-                        f"creating {body.get('kind', 'an object')} failed: HTTP "
-                        f"{response.status_code} {response.text[:300]}"
-                    )
+                    try:
+                        await kube.create(path, body)
+                    except KubeError as exc:
+                        kind = body.get("kind", "an object")
+                        raise RuntimeError(f"creating {kind} failed: {exc}") from exc
 
             await asyncio.gather(*(create(b) for b in bodies))
 
@@ -148,17 +130,13 @@ class ApiServer:
     ) -> list[str]:
         """`count` TokenRequest tokens of `namespace/name` (created with its namespace if
         missing), each bound to `audience`, as a kubelet would project them."""
-        async with self.client() as http:
+        async with self.client() as kube:
             for path, body in (
-                ("/api/v1/namespaces", {"apiVersion": "v1", "metadata": {"name": namespace}}),
-                (
-                    f"/api/v1/namespaces/{namespace}/serviceaccounts",
-                    {"apiVersion": "v1", "metadata": {"name": name}},
-                ),
+                ("/api/v1/namespaces", {"metadata": {"name": namespace}}),
+                (f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}}),
             ):
-                response = await http.post(path, json=body)
-                if response.status_code not in (201, 409):
-                    response.raise_for_status()
+                with contextlib.suppress(Conflict):
+                    await kube.create(path, body)
             gate = asyncio.Semaphore(concurrency)
             path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"
             request = {
@@ -169,27 +147,27 @@ class ApiServer:
 
             async def one() -> str:
                 async with gate:
-                    response = await http.post(path, json=request)
-                    response.raise_for_status()
-                    return str(response.json()["status"]["token"])
+                    review = await kube.create(path, request)
+                    return str(review["status"]["token"])
 
             return list(await asyncio.gather(*(one() for _ in range(count))))
 
     async def request_counts(self) -> dict[str, int]:
-        """`VERB resource` -> requests served so far, from the API server's own /metrics."""
-        async with self.client() as http:
+        """`VERB resource` -> requests served so far, from the API server's own /metrics (text,
+        not JSON: read with the same cluster access, outside the JSON client)."""
+        async with httpx.AsyncClient(
+            base_url=self.server, verify=self._access.ssl_context(), timeout=30.0
+        ) as http:
             response = await http.get("/metrics")
             response.raise_for_status()
             return parse_request_counts(response.text)
 
     async def mappings(self, namespace: str) -> list[dict[str, Any]]:
-        async with self.client() as http:
-            response = await http.get(
+        async with self.client() as kube:
+            listing = await kube.list(
                 f"/apis/{GROUP}/v1beta1/namespaces/{namespace}/compassmanagermappings"
             )
-            response.raise_for_status()
-            items: list[dict[str, Any]] = response.json().get("items") or []
-            return items
+            return [dict(item) for item in listing.items]
 
 
 def global_account(index: int) -> str:
