@@ -110,8 +110,14 @@ def test_happy_path_registers_once_records_mapping_and_issues_tokens(
     assert attempts(sim, "registerRuntime") == 1
     assert len(director_runtimes(sim, rt_a.tenant)) == 1
 
-    events = rt_a.kcp.core.list_namespaced_event(rt_a.namespace).items
-    assert {"RuntimeRegistered", "TokenIssued"} <= {e.reason for e in events}
+    # Events are written in the background: an answer never waits for its Event.
+    wait_for(
+        lambda: (
+            {"RuntimeRegistered", "TokenIssued"}
+            <= {e.reason for e in rt_a.kcp.core.list_namespaced_event(rt_a.namespace).items}
+        ),
+        what="the RuntimeRegistered and TokenIssued Events",
+    )
 
     # The labels sent with registerRuntime are on record, so the reconciler finds nothing to
     # sync for a fresh registration. Shown without sleeping: a later Kyma label change is
