@@ -19,13 +19,15 @@ from control_plane_broker.model import KymaView
 
 # A Kyma name is the lower-cased runtime ID, so a runtime ID must be a valid DNS label; this also
 # keeps quotes and JSON out of the Director label filter it ends up in.
-_RUNTIME_ID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+RUNTIME_ID_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
+RUNTIME_ID_RULE = "runtime ID must be 1-63 letters, digits or '-', alphanumeric ends"
+_RUNTIME_ID = re.compile(RUNTIME_ID_PATTERN)
 
 
 def validate_runtime_id(runtime_id: str) -> str:
     """Returns the Kyma name for a runtime ID, or raises `MalformedRequest`."""
     if not _RUNTIME_ID.fullmatch(runtime_id):
-        raise MalformedRequest("runtime ID must be 1-63 letters, digits or '-', alphanumeric ends")
+        raise MalformedRequest(RUNTIME_ID_RULE)
     return runtime_id.lower()
 
 

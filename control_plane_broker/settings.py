@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 IdentityMode = Literal["tokenreview", "jwks", "xfcc"]
@@ -151,6 +151,19 @@ class Settings(BaseSettings):
     host: str = Field(default="0.0.0.0", description="Listen address.")  # noqa: S104 (a server)
     port: int = Field(default=8080, description="Listen port (0 = any free port, logged).")
     log_level: str = Field(default="INFO", description="Log level.")
+
+    @model_validator(mode="after")
+    def _claim_outlives_a_registration(self) -> Settings:
+        # A claim shorter than one registration attempt could lapse mid-call and let another
+        # replica register too: refuse such a configuration at start, not at the first request.
+        budget = 3 * self.director_timeout_seconds + self.director_queue_timeout_seconds
+        if self.registration_claim_seconds <= budget:
+            raise ValueError(
+                f"BROKER_REGISTRATION_CLAIM_SECONDS ({self.registration_claim_seconds:g}) must "
+                f"exceed 3 x BROKER_DIRECTOR_TIMEOUT_SECONDS + "
+                f"BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS ({budget:g})"
+            )
+        return self
 
     def allowed_service_account_set(self) -> frozenset[tuple[str, str]]:
         out: set[tuple[str, str]] = set()

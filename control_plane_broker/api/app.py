@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import FastAPI, Header, Request, Response
+from fastapi import FastAPI, Header, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -27,6 +27,7 @@ from control_plane_broker.api.problems import MEDIA_TYPE, problem_for, type_uri
 from control_plane_broker.errors import BrokerError, InternalError, MalformedRequest
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.metrics import Metrics
+from control_plane_broker.policy import RUNTIME_ID_PATTERN, RUNTIME_ID_RULE
 from control_plane_broker.retry import Jitter
 
 log = logging.getLogger("control_plane_broker.access")
@@ -127,6 +128,11 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if any("runtimeID" in (error.get("loc") or ()) for error in exc.errors()):
+            # The route's own check (the pattern is in the OpenAPI description): counted as
+            # the token endpoint's malformed requests, like any other refusal of it.
+            metrics.token_requests.labels(MalformedRequest.slug).inc()
+            return problem(MalformedRequest(RUNTIME_ID_RULE), request)
         return problem(MalformedRequest("request failed validation"), request)
 
     @app.exception_handler(StarletteHTTPException)
@@ -162,7 +168,13 @@ def create_app(
         summary="Issue a one-time token for this runtime's compass-runtime-agent",
     )
     async def issue_token(
-        runtimeID: str,
+        runtimeID: Annotated[
+            str,
+            Path(
+                pattern=RUNTIME_ID_PATTERN,
+                description="The Kyma runtime ID (the Kyma's `kyma-project.io/runtime-id`).",
+            ),
+        ],
         request: Request,
         authorization: Annotated[
             str | None, Header(description="`Bearer <ServiceAccount token>` (tokenreview, jwks)")
@@ -206,7 +218,12 @@ def create_app(
             status_code=200 if ok else 503,
         )
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
+    )
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

@@ -1,10 +1,10 @@
 """The HTTP server: uvicorn on httptools (and uvloop where installed), with the timeouts a
 service facing thousands of clients needs.
 
-uvicorn closes idle keep-alive connections, but a connection that sends its request headers
-slowly (or never) would stay open forever and hold a file descriptor and memory: a few hundred
-such connections starve a replica. `HeaderTimeoutProtocol` closes a connection whose request
-headers are not complete `header_timeout` seconds after its first byte (or after it opened).
+uvicorn closes idle keep-alive connections, but a connection that sends its request slowly (or
+never) would stay open forever and hold a file descriptor and memory: a few hundred such
+connections starve a replica. `HeaderTimeoutProtocol` closes a connection whose request (headers
+and body) is not complete `header_timeout` seconds after its first byte (or after it opened).
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._arm_header_timer()
 
-    def on_headers_complete(self) -> None:
+    def on_message_complete(self) -> None:
+        # The whole request, body included: the broker may answer before reading a body, and
+        # a body dribbled in afterwards would otherwise keep resetting the keep-alive timer.
         self._cancel_header_timer()
-        super().on_headers_complete()
+        super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()

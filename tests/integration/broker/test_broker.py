@@ -446,7 +446,7 @@ def test_crash_between_register_and_record_then_kyma_deleted_leaves_no_orphan(
     fast = {
         "BROKER_DIRECTOR_TIMEOUT_SECONDS": "1",
         "BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS": "0.5",
-        "BROKER_REGISTRATION_CLAIM_SECONDS": "3",
+        "BROKER_REGISTRATION_CLAIM_SECONDS": "5",
     }
     crashing = brokers(TEST_BROKER_CRASH_AFTER_REGISTER="1", **fast)
     with pytest.raises(httpx.TransportError):
