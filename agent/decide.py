@@ -97,7 +97,7 @@ class Plan:
     until: datetime | None = None  # only for WAIT
 
 
-def plan(observed: Observed, rules: Rules) -> Plan:
+def plan(observed: Observed, rules: Rules) -> Plan:  # noqa: PLR0911 - the ordered rules
     if observed.kyma_deleting:
         return Plan(Action.IDLE, Reason.KYMA_DELETING)
     if not observed.module_enabled:

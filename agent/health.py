@@ -19,7 +19,13 @@ ReadyCheck = Callable[[], tuple[bool, str]]  # ready, and why (the body of /read
 
 class HealthServer:
     def __init__(
-        self, *, host: str, port: int, registry: CollectorRegistry, healthy: Check, ready: ReadyCheck
+        self,
+        *,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        healthy: Check,
+        ready: ReadyCheck,
     ) -> None:
         self._host = host
         self._port = port

@@ -69,13 +69,14 @@ def configmap_data(raw: Mapping[str, Any] | None) -> Mapping[str, str]:
 
 
 def kcp_address(skr_webhook: Mapping[str, Any] | None) -> str | None:
-    """`KCP_ADDR` (host:port) from the first container of lifecycle-manager's webhook that has it."""
-    spec = _mapping(_mapping(_mapping(_mapping(skr_webhook).get("spec")).get("template")).get("spec"))
+    """`KCP_ADDR` (host:port) of the first container of lifecycle-manager's webhook with it."""
+    template = _mapping(_mapping(_mapping(skr_webhook).get("spec")).get("template"))
+    spec = _mapping(template.get("spec"))
     containers = spec.get("containers")
     for container in containers if isinstance(containers, list) else []:
         env = _mapping(container).get("env")
-        for item in env if isinstance(env, list) else []:
-            item = _mapping(item)
+        for raw in env if isinstance(env, list) else []:
+            item = _mapping(raw)
             value = item.get("value")
             if item.get("name") == KCP_ADDR_ENV and isinstance(value, str) and value.strip():
                 return value.strip()
@@ -87,7 +88,7 @@ def url_from_kcp_address(address: str, template: str) -> str:
     `https://compass-broker.cp.example.com`. Raises ValueError for an address without a domain."""
     host = urlsplit(f"//{address}").hostname or ""
     labels = host.split(".")
-    if len(labels) < 3 or not all(labels):  # noqa: PLR2004 - a name, a domain and a TLD at least
+    if len(labels) < 3 or not all(labels):
         raise ValueError("KCP_ADDR is not host.domain:port")
     return template.format(kcp_host=host, kcp_domain=".".join(labels[1:]))
 

@@ -139,7 +139,9 @@ class AgentSettings(BaseSettings):
             try:
                 self.broker_url_template.format(kcp_domain="d.example", kcp_host="h.d.example")
             except (KeyError, IndexError, ValueError) as e:
-                raise ValueError("broker_url_template knows only {kcp_domain} and {kcp_host}") from e
+                raise ValueError(
+                    "broker_url_template knows only {kcp_domain} and {kcp_host}"
+                ) from e
         if not self.module_signals:
             raise ValueError("module_signals must name at least one signal")
         if self.lease_renew >= self.lease_duration:

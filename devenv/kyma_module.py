@@ -119,7 +119,7 @@ def load_config(path: Path = MODULE_DIR / "module-config.yaml") -> ModuleConfig:
 
 def render_manifest(helm: Path, config: ModuleConfig, *, chart: Path = CHART) -> list[Obj]:
     """`helm template` with the release values and the image tag = the module version."""
-    result = subprocess.run(  # noqa: S603 - our own helm binary and arguments
+    result = subprocess.run(
         [
             str(helm),
             "template",
@@ -201,7 +201,11 @@ def as_lifecycle_manager_renders(
         if obj.get("kind") not in CLUSTER_SCOPED and not metadata.get("namespace"):
             metadata["namespace"] = namespace
         labels = metadata.get("labels") or {}
-        metadata["labels"] = {**labels, MANAGED_BY_LABEL: MANAGED_BY_VALUE, PART_OF_LABEL: PART_OF_VALUE}
+        metadata["labels"] = {
+            **labels,
+            MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+            PART_OF_LABEL: PART_OF_VALUE,
+        }
         annotations = metadata.get("annotations") or {}
         metadata["annotations"] = {
             **annotations,

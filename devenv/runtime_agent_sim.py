@@ -352,7 +352,11 @@ class RuntimeAgentSim:
                 },
             }
         else:
-            status["connectionStatus"] = {"lastSync": now, "error": error or "", "certificateStatus": {}}
+            status["connectionStatus"] = {
+                "lastSync": now,
+                "error": error or "",
+                "certificateStatus": {},
+            }
         self._custom.patch_cluster_custom_object(  # the CRD has no status subresource
             CC_GROUP, CC_VERSION, CC_PLURAL, CONNECTION_NAME, {"status": status}
         )

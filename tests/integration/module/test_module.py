@@ -135,7 +135,7 @@ class Module:
         core = self.env.cluster.core
         try:
             core.replace_namespaced_config_map("compass-agent", self.env.namespace, body)
-        except Exception:  # noqa: BLE001 - absent: create it
+        except Exception:
             core.create_namespaced_config_map(self.env.namespace, body)
 
 
@@ -153,7 +153,9 @@ async def module(
     tls.load_cert_chain(str(tmp_path / "srv.crt"), str(tmp_path / "srv.key"))
     broker = FakeBroker(token_reply, tls=tls)
     await broker.start()
-    async with KubeClient(access_from_kubeconfig_file(cluster.kubeconfig_path), user_agent="t") as admin:
+    async with KubeClient(
+        access_from_kubeconfig_file(cluster.kubeconfig_path), user_agent="t"
+    ) as admin:
         applied = await apply_like_lifecycle_manager(admin, retarget(manifest, ns), namespace=ns)
         token = cluster.service_account_token(ns, "compass-agent", audiences=[cluster.issuer])
         kubeconfig = tmp_path / "agent.kubeconfig"
@@ -162,7 +164,9 @@ async def module(
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         try:
-            yield Module(agent_env, admin, applied, kubeconfig, env, broker, tmp_path / "broker-ca.crt")
+            yield Module(
+                agent_env, admin, applied, kubeconfig, env, broker, tmp_path / "broker-ca.crt"
+            )
         finally:
             await agent_env.stop_all()
             await broker.stop()
@@ -185,11 +189,15 @@ async def test_templates_and_release_meta_are_accepted_by_the_published_crds(
     release_meta = km.yaml.safe_load((km.MODULE_DIR / "module-release-meta.yaml").read_text())
     template["metadata"]["namespace"] = release_meta["metadata"]["namespace"] = kcp_ns
     community["metadata"]["namespace"] = skr_ns
-    async with KubeClient(access_from_kubeconfig_file(control_plane.kubeconfig_path), user_agent="t") as kcp:
+    async with KubeClient(
+        access_from_kubeconfig_file(control_plane.kubeconfig_path), user_agent="t"
+    ) as kcp:
         stored = await kcp.apply(path_of(template), template, field_manager=TEST_MANAGER)
         assert stored["spec"]["resources"] == template["spec"]["resources"]
         assert stored["spec"]["manager"]["name"] == "compass-agent"
-        stored_meta = await kcp.apply(path_of(release_meta), release_meta, field_manager=TEST_MANAGER)
+        stored_meta = await kcp.apply(
+            path_of(release_meta), release_meta, field_manager=TEST_MANAGER
+        )
         assert {c["version"] for c in stored_meta["spec"]["channels"]} == {CONFIG.version}
         # The schema is really enforced: the same objects with a required field gone are refused.
         broken = copy.deepcopy(release_meta)
@@ -202,7 +210,9 @@ async def test_templates_and_release_meta_are_accepted_by_the_published_crds(
         del no_descriptor["spec"]["descriptor"]
         with pytest.raises(KubeRejected, match="descriptor"):
             await kcp.apply(path_of(no_descriptor), no_descriptor, field_manager=TEST_MANAGER)
-    async with KubeClient(access_from_kubeconfig_file(runtime_a.kubeconfig_path), user_agent="t") as skr:
+    async with KubeClient(
+        access_from_kubeconfig_file(runtime_a.kubeconfig_path), user_agent="t"
+    ) as skr:
         stored = await skr.apply(path_of(community), community, field_manager=TEST_MANAGER)
         assert stored["spec"]["resources"][0]["link"] == str(CONFIG.manifest)
 
@@ -225,7 +235,7 @@ async def test_applied_like_lifecycle_manager_the_agent_works_under_the_manifest
     module.put_configmap(brokerURL=module.broker.url, runtimeID=module.env.runtime_id)
     module.env.put_kyma(modules=["application-connector"], runtime_label=False)
     agent = await module.env.start(module.settings())
-    await eventually(lambda: module.env.secret_data(), what="the token secret", within=20)
+    await eventually(module.env.secret_data, what="the token secret", within=20)
     assert module.broker.paths == [f"/v1/runtimes/{module.env.runtime_id}/token"]
     assert (await readyz(agent))[0] == 200
 
@@ -247,7 +257,7 @@ async def test_managed_runtime_finds_the_broker_from_kcp_addr_and_the_runtime_fr
         field_manager=TEST_MANAGER,
     )
     agent.reconciler.trigger()  # the agent re-reads on its resync; the test does not wait that
-    await eventually(lambda: module.env.secret_data(), what="the token secret", within=20)
+    await eventually(module.env.secret_data, what="the token secret", within=20)
     assert module.broker.paths == [f"/v1/runtimes/{module.env.runtime_id}/token"]
     assert (await readyz(agent))[0] == 200
 
@@ -290,16 +300,14 @@ async def test_readiness_is_false_without_an_answer_and_true_while_told_to_back_
     assert status == 200, body
     # The broker goes away entirely (a NetworkPolicy, DNS, a wrong URL): not ready, with why.
     await module.broker.stop()
-    await eventually(
-        lambda: agent.reconciler.readiness()[0] is False, what="not ready", within=20
-    )
+    await eventually(lambda: agent.reconciler.readiness()[0] is False, what="not ready", within=20)
     status, body = await readyz(agent)
     assert status == 503
     assert "no answer from the broker" in body
     # Back, answering: ready again once it answers.
     answers["now"] = token_reply(1)
     await module.broker.start()
-    await eventually(lambda: module.env.secret_data(), what="the token secret", within=20)
+    await eventually(module.env.secret_data, what="the token secret", within=20)
     assert (await readyz(agent))[0] == 200
 
 
@@ -310,7 +318,7 @@ async def test_module_removed_the_secret_stays_and_the_agent_stops_cleanly(modul
     module.put_configmap(brokerURL=module.broker.url)
     module.env.put_kyma(modules=["application-connector"])
     await module.env.start(module.settings())
-    await eventually(lambda: module.env.secret_data(), what="the token secret", within=20)
+    await eventually(module.env.secret_data, what="the token secret", within=20)
     before = module.env.secret_data()
     # lifecycle-manager deletes the objects (RBAC and Deployment at once); the kubelet stops
     # the pod meanwhile. Nothing of this may take the secret the runtime agent depends on.
@@ -324,7 +332,7 @@ async def test_application_connector_disabled_the_agent_removes_the_secret(modul
     module.put_configmap(brokerURL=module.broker.url)
     module.env.put_kyma(modules=["application-connector"])
     await module.env.start(module.settings())
-    await eventually(lambda: module.env.secret_data(), what="the token secret", within=20)
+    await eventually(module.env.secret_data, what="the token secret", within=20)
     module.env.put_kyma(modules=[])  # the agent keeps its RBAC: only the other module goes
     await eventually(lambda: module.env.secret_data() is None, what="the secret removed")
 
@@ -335,7 +343,11 @@ async def test_kyma_being_deleted_the_agent_neither_pulls_nor_deletes(module: Mo
     module.env.put_kyma(modules=["application-connector"])
     # lifecycle-manager's finalizer keeps the Kyma while it removes the modules.
     cluster.custom.patch_namespaced_custom_object(
-        "operator.kyma-project.io", "v1beta2", ns, "kymas", "default",
+        "operator.kyma-project.io",
+        "v1beta2",
+        ns,
+        "kymas",
+        "default",
         {"metadata": {"finalizers": ["operator.kyma-project.io/kyma-test"]}},
     )
     cluster.custom.delete_namespaced_custom_object(
@@ -343,13 +355,19 @@ async def test_kyma_being_deleted_the_agent_neither_pulls_nor_deletes(module: Mo
     )
     agent = await module.env.start(module.settings())
     await eventually(
-        lambda: agent.reconciler.last_plan is not None
-        and agent.reconciler.last_plan.reason == "kyma-deleting",
+        lambda: (
+            agent.reconciler.last_plan is not None
+            and agent.reconciler.last_plan.reason == "kyma-deleting"
+        ),
         what="the agent seeing the deletion",
     )
     await remove_like_lifecycle_manager(module.admin, module.applied)
     assert module.broker.requests == []  # no token for a runtime on its way out
     cluster.custom.patch_namespaced_custom_object(
-        "operator.kyma-project.io", "v1beta2", ns, "kymas", "default",
+        "operator.kyma-project.io",
+        "v1beta2",
+        ns,
+        "kymas",
+        "default",
         {"metadata": {"finalizers": None}},
     )

@@ -88,7 +88,8 @@ def test_a_bad_configmap_url_is_refused_with_the_source_named_and_falls_through(
 def test_kcp_addr_without_a_domain_is_refused(address: str) -> None:
     got = found(skr_webhook=skr_webhook(address))
     assert got.broker is None
-    assert got.problems and "KCP_ADDR" in got.problems[0]
+    assert got.problems
+    assert "KCP_ADDR" in got.problems[0]
 
 
 def test_url_from_kcp_address_knows_host_and_domain() -> None:

@@ -10,7 +10,10 @@ from devenv.clusters import CRD_DIR, kyma_crds
 from tests.conftest import REPO_ROOT
 
 # A copy of shared/ sits beside the clone in CI, and beside the worktrees' folder locally.
-CANDIDATES = [REPO_ROOT.parent / "shared" / "kyma-api", REPO_ROOT.parents[1] / "shared" / "kyma-api"]
+CANDIDATES = [
+    REPO_ROOT.parent / "shared" / "kyma-api",
+    REPO_ROOT.parents[1] / "shared" / "kyma-api",
+]
 PUBLISHED = next((p for p in CANDIDATES if p.is_dir()), None)
 EXPECTED = {
     "operator.kyma-project.io_kymas.yaml",
