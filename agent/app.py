@@ -207,6 +207,9 @@ class Agent:
         unsynced = [w.name for w in self.watchers if not w.synced]
         if unsynced:
             return False, f"watches not synced: {', '.join(unsynced)}"
+        if self.lease is not None and not self.leading.is_set():
+            # A standby is as ready as it should be: it takes over when the leader goes.
+            return self.reconciler.alive, "standby: another agent holds the lease"
         return self.reconciler.readiness()
 
     async def run(self, stop: asyncio.Event) -> None:
