@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 TOOLCHAIN := devenv/toolchain/build.sh
 
-.PHONY: test check lint unit toolchain demo bench lock e2e-kind clean
+.PHONY: test check lint unit toolchain demo bench lock e2e-kind module clean
 
 $(INSTALLED): pyproject.toml
 	@echo "==> creating the virtual environment in $(VENV)"
@@ -39,6 +39,11 @@ demo: $(INSTALLED) toolchain
 bench: $(INSTALLED) toolchain
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(PY) -m bench $(BENCH_ARGS)
+
+# The agent as a Kyma module (docs/module.md): the raw manifest rendered from the chart, the
+# ModuleTemplates (KCP and community) and the ModuleReleaseMeta, into dist/module/.
+module: $(INSTALLED) toolchain
+	$(PY) -m devenv.kyma_module --helm "$$(bash $(TOOLCHAIN))/helm" --out dist/module
 
 # Needs Docker and kind; not part of `make test`.
 e2e-kind:

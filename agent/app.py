@@ -24,6 +24,7 @@ from agent.health import HealthServer
 from agent.identity import Identity, MtlsIdentity, ServiceAccountIdentity, token_requester
 from agent.kube import resources
 from agent.kube.events import COMPONENT
+from agent.landscape import CONFIGMAP_NAME
 from agent.metrics import AgentMetrics
 from agent.reconcile import Reconciler
 from agent.retry import RandomSource, next_delay
@@ -182,6 +183,7 @@ class Agent:
         watchers = [
             watch(resources.kymas(s.namespace), "kyma", only=s.kyma_name),
             watch(resources.secrets(s.namespace), "secret", only=s.secret_name),
+            watch(resources.configmaps(s.namespace), "configmap", only=CONFIGMAP_NAME),
             watch(
                 resources.compass_connections(),
                 "compassconnection",
@@ -199,9 +201,16 @@ class Agent:
         # never renew), which a liveness probe should answer with a restart.
         return self.reconciler.alive and not any(t.done() for t in self._tasks)
 
-    def ready(self) -> bool:
-        # Ready once every watch has listed once: until then the agent knows too little to act.
-        return self.reconciler.alive and all(w.synced for w in self.watchers)
+    def ready(self) -> tuple[bool, str]:
+        """What lifecycle-manager shows as the module state (the Deployment's readiness)."""
+        # Until every watch has listed once the agent knows too little to act.
+        unsynced = [w.name for w in self.watchers if not w.synced]
+        if unsynced:
+            return False, f"watches not synced: {', '.join(unsynced)}"
+        if self.lease is not None and not self.leading.is_set():
+            # A standby is as ready as it should be: it takes over when the leader goes.
+            return self.reconciler.alive, "standby: another agent holds the lease"
+        return self.reconciler.readiness()
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.health.start()

@@ -147,7 +147,7 @@ class BrokerClient:
     def __init__(
         self,
         *,
-        base_url: str,
+        base_url: str | None,
         identity: Identity,
         policy: RetryPolicy,
         timeout: float,
@@ -162,8 +162,9 @@ class BrokerClient:
         self._clock = clock
         self._rng = rng
         self._sleep = sleep
+        self._base = base_url.rstrip("/") if base_url else None
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
+            base_url=self._base or "",
             verify=verify,
             timeout=timeout,
             transport=transport,
@@ -173,11 +174,24 @@ class BrokerClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    @property
+    def base_url(self) -> str | None:
+        return self._base
+
+    def point_at(self, base_url: str) -> None:
+        """Where the next request goes: the broker URL can be found (or move) at runtime."""
+        base = base_url.rstrip("/")
+        if base != self._base:
+            self._base = base
+            self._http.base_url = httpx.URL(base)
+
     async def request_once(self, runtime_id: str) -> Outcome:
         try:
             authorization = await self._identity.authorization()
         except IdentityError as e:
             return Temporary(reason=f"identity: {e}")
+        if self._base is None:
+            return Temporary(reason="no broker URL yet")
         headers = {"Authorization": authorization} if authorization else {}
         path = f"/v1/runtimes/{quote(runtime_id, safe='')}/token"
         try:

@@ -3,8 +3,11 @@
 `plan(observed, rules)` is pure (the clock is `observed.now`), total (every input yields one
 plan) and ordered — the first rule that applies wins:
 
+0. Kyma being deleted     → IDLE, the secret left alone: lifecycle-manager is removing every
+                            module and, at the same time, this agent's own RBAC; the broker
+                            unregisters the runtime, which makes the token worthless anyway
 1. module disabled        → DELETE_SECRET if our secret is there and policy says so, else IDLE
-2. runtime ID unknown     → IDLE (a watch event brings it)
+2. runtime ID unknown     → IDLE (a watch event brings it); broker URL unknown → IDLE
 3. a pull would be next, but the broker refused (401/403/404/409) recently and nothing
    watched changed since   → WAIT until the refusal cadence is over; or tokens were pulled
    in a row without the connection becoming healthy → WAIT out a growing spacing (so a
@@ -37,6 +40,8 @@ class Action(StrEnum):
 
 
 class Reason(StrEnum):
+    KYMA_DELETING = "kyma-deleting"
+    NO_BROKER_URL = "no-broker-url"
     MODULE_DISABLED = "module-disabled"
     MODULE_DISABLED_SECRET_KEPT = "module-disabled-secret-kept"  # noqa: S105 - a name, not a password
     NO_RUNTIME_ID = "no-runtime-id"
@@ -69,6 +74,8 @@ class Observed:
     secret: TokenRecord | None
     connection: Connection | None
     fingerprint: str
+    kyma_deleting: bool = False
+    broker_known: bool = True
     last_refusal: Refusal | None = None
     last_pull_at: datetime | None = None  # last token received
     pull_streak: int = 0  # tokens received since the connection was last healthy
@@ -90,7 +97,9 @@ class Plan:
     until: datetime | None = None  # only for WAIT
 
 
-def plan(observed: Observed, rules: Rules) -> Plan:
+def plan(observed: Observed, rules: Rules) -> Plan:  # noqa: PLR0911 - the ordered rules
+    if observed.kyma_deleting:
+        return Plan(Action.IDLE, Reason.KYMA_DELETING)
     if not observed.module_enabled:
         if observed.secret is not None and observed.secret.managed:
             if rules.delete_secret_on_disable:
@@ -99,6 +108,8 @@ def plan(observed: Observed, rules: Rules) -> Plan:
         return Plan(Action.IDLE, Reason.MODULE_DISABLED)
     if observed.runtime_id is None:
         return Plan(Action.IDLE, Reason.NO_RUNTIME_ID)
+    if not observed.broker_known:
+        return Plan(Action.IDLE, Reason.NO_BROKER_URL)
     wanted = _token_plan(observed, rules)
     if wanted.action is Action.PULL:
         return _respect_refusal(observed, rules) or _respect_spacing(observed, rules) or wanted

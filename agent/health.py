@@ -14,11 +14,18 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 Check = Callable[[], bool]
+ReadyCheck = Callable[[], tuple[bool, str]]  # ready, and why (the body of /readyz)
 
 
 class HealthServer:
     def __init__(
-        self, *, host: str, port: int, registry: CollectorRegistry, healthy: Check, ready: Check
+        self,
+        *,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        healthy: Check,
+        ready: ReadyCheck,
     ) -> None:
         self._host = host
         self._port = port
@@ -47,8 +54,9 @@ class HealthServer:
             ok = self._healthy()
             return (200, "text/plain", b"ok\n") if ok else (500, "text/plain", b"unhealthy\n")
         if path == "/readyz":
-            ok = self._ready()
-            return (200, "text/plain", b"ready\n") if ok else (503, "text/plain", b"not ready\n")
+            ok, why = self._ready()
+            body = f"{'ready' if ok else 'not ready'}: {why}\n".encode()
+            return (200 if ok else 503), "text/plain; charset=utf-8", body
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
         return 404, "text/plain", b"not found\n"

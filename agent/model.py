@@ -73,6 +73,7 @@ class KymaView:
     module_in_spec: bool
     runtime_id: str | None
     labels: Mapping[str, str]
+    deleting: bool = False
 
     @classmethod
     def from_object(cls, raw: Mapping[str, Any]) -> KymaView:
@@ -90,6 +91,7 @@ class KymaView:
             module_in_spec=MODULE_NAME in names,
             runtime_id=labels.get(RUNTIME_ID_LABEL) or None,
             labels=labels,
+            deleting=bool(metadata.get("deletionTimestamp")),
         )
 
 
@@ -153,6 +155,7 @@ def fingerprint(
     runtime_id: str | None,
     kyma: KymaView | None,
     application_connectors: Iterable[str],
+    broker_url: str | None = None,
 ) -> str:
     """A digest of the watched inputs that could change the broker's answer.
 
@@ -168,5 +171,7 @@ def fingerprint(
         else {"uid": kyma.uid, "generation": kyma.generation, "labels": dict(kyma.labels)},
         "acs": sorted(application_connectors),
     }
+    if broker_url is not None:  # left out when unset, so earlier fingerprints stay the same
+        material["broker"] = broker_url
     encoded = json.dumps(material, sort_keys=True).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]

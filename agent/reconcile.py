@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agent import decide
+from agent import landscape as landscape_rules
 from agent.broker_client import BrokerClient
 from agent.decide import Action, Observed, Plan, Reason, Refusal, Rules
 from agent.kube import resources
@@ -33,6 +34,8 @@ from kubeapi import EventRecorder, KubeClient, KubeError, KubeUnavailable, NotFo
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+# Attempts in a row without any HTTP answer from the broker before the agent reports not ready.
+UNREACHABLE_AFTER = 3
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,9 @@ class Reconciler:
         self._pull_streak = 0
         self._last_connection_state: str | None = None
         self.last_plan: Plan | None = None
+        self.landscape_problems: tuple[str, ...] = ()
+        self._unreachable_streak = 0  # broker attempts in a row that got no HTTP answer
+        self._unanswered_reason = ""
         self.turns = 0
         self.alive = True
         self._background: set[asyncio.Task[None]] = set()
@@ -98,7 +104,10 @@ class Reconciler:
         enabled = (
             ModuleSignal.KYMA_SPEC in s.module_signals and bool(kyma and kyma.module_in_spec)
         ) or (ModuleSignal.APPLICATIONCONNECTOR_CR in s.module_signals and bool(connectors))
-        runtime_id = (kyma.runtime_id if kyma else None) or s.runtime_id
+        landscape = await self._landscape(kyma)
+        if landscape.broker is not None:
+            self._broker.point_at(landscape.broker.value)
+        runtime_id = landscape.runtime_id.value if landscape.runtime_id else None
         secret_raw = await secret_io.read_secret(
             self._kube, namespace=s.namespace, name=s.secret_name
         )
@@ -118,12 +127,39 @@ class Reconciler:
                 runtime_id=runtime_id,
                 kyma=kyma,
                 application_connectors=connectors,
+                broker_url=landscape.broker.value if landscape.broker else None,
             ),
+            kyma_deleting=bool(kyma and kyma.deleting),
+            broker_known=landscape.broker is not None,
             last_refusal=self._refusal,
             last_pull_at=self._last_pull_at,
             pull_streak=self._pull_streak,
         )
         return Gathered(observed=observed, kyma=kyma)
+
+    async def _landscape(self, kyma: KymaView | None) -> landscape_rules.Landscape:
+        s = self._settings
+        configmap = await self._kube.get_or_none(
+            f"{resources.configmaps(s.namespace)}/{landscape_rules.CONFIGMAP_NAME}"
+        )
+        webhook = None
+        if s.broker_base is None and s.broker_url_template:
+            webhook = await self._kube.get_or_none(
+                f"{resources.deployments(s.namespace)}/{landscape_rules.SKR_WEBHOOK_NAME}"
+            )
+        found = landscape_rules.resolve(
+            env_broker_url=s.broker_base,
+            env_runtime_id=s.runtime_id,
+            url_template=s.broker_url_template,
+            configmap=configmap,
+            skr_webhook=webhook,
+            kyma_runtime_id=kyma.runtime_id if kyma else None,
+        )
+        if found.problems != self.landscape_problems:
+            for problem in found.problems:
+                log.warning("landscape source not used", extra={"problem": problem})
+        self.landscape_problems = found.problems
+        return found
 
     async def _application_connectors(self) -> list[str]:
         try:
@@ -267,7 +303,30 @@ class Reconciler:
 
     # -- carrying out ----------------------------------------------------------------
 
+    def readiness(self) -> tuple[bool, str]:
+        """Ready means "this agent can do its job": the loop runs, it knows where the broker
+        is when it needs it, and the broker answers — a 503 while Compass is down is an answer
+        with a stated reason (the agent backs off as told), no answer at all is not."""
+        if not self.alive:
+            return False, "the reconcile loop stopped"
+        plan = self.last_plan
+        if plan is None:
+            return False, "no reconcile turn yet"
+        if plan.reason is Reason.NO_BROKER_URL:
+            problems = "; ".join(self.landscape_problems)
+            return False, "broker URL unknown" + (f" ({problems})" if problems else "")
+        if self._unreachable_streak >= UNREACHABLE_AFTER:
+            return False, (
+                f"no answer from the broker in {self._unreachable_streak} attempts "
+                f"(last: {self._unanswered_reason})"
+            )
+        return True, str(plan.reason)
+
     def _count(self, outcome: Outcome) -> None:
+        unanswered = isinstance(outcome, Temporary) and outcome.status is None
+        self._unreachable_streak = self._unreachable_streak + 1 if unanswered else 0
+        if isinstance(outcome, Temporary) and unanswered:
+            self._unanswered_reason = outcome.reason
         label = {Issued: "issued", Refused: "refused", Temporary: "temporary"}[type(outcome)]
         self._metrics.pull_attempts.labels(outcome=label).inc()
 

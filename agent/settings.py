@@ -38,7 +38,16 @@ class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENT_", extra="ignore", frozen=True)
 
     # --- the broker -----------------------------------------------------------------
-    broker_url: AnyHttpUrl = Field(description="Base URL of the control-plane token broker.")
+    broker_url: AnyHttpUrl | None = Field(
+        default=None,
+        description="Base URL of the control-plane token broker; found at runtime when unset "
+        "(ConfigMap compass-agent, then KCP_ADDR through the URL template).",
+    )
+    broker_url_template: str | None = Field(
+        default=None,
+        description="Broker URL made from lifecycle-manager's KCP_ADDR: {kcp_domain} is its "
+        "host without the first label, {kcp_host} the whole host.",
+    )
     broker_ca_bundle: Path | None = Field(
         default=None, description="CA bundle to verify the broker with; system CAs when unset."
     )
@@ -126,6 +135,13 @@ class AgentSettings(BaseSettings):
             self.client_cert_file and self.client_key_file
         ):
             raise ValueError("identity_mode=mtls needs client_cert_file and client_key_file")
+        if self.broker_url_template is not None:
+            try:
+                self.broker_url_template.format(kcp_domain="d.example", kcp_host="h.d.example")
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(
+                    "broker_url_template knows only {kcp_domain} and {kcp_host}"
+                ) from e
         if not self.module_signals:
             raise ValueError("module_signals must name at least one signal")
         if self.lease_renew >= self.lease_duration:
@@ -133,8 +149,8 @@ class AgentSettings(BaseSettings):
         return self
 
     @property
-    def broker_base(self) -> str:
-        return str(self.broker_url).rstrip("/")
+    def broker_base(self) -> str | None:
+        return str(self.broker_url).rstrip("/") if self.broker_url is not None else None
 
     @property
     def retry_policy(self) -> RetryPolicy:

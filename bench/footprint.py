@@ -135,13 +135,13 @@ def report_connected(cluster: Any) -> None:
                 "apiVersion": f"{group}/{version}",
                 "kind": "CompassConnection",
                 "metadata": {"name": name},
-                "spec": {},
+                "spec": {"managementInfo": {"connectorUrl": "", "directorUrl": ""}},
             },
         )
-    custom.patch_cluster_custom_object_status(
+    custom.patch_cluster_custom_object(  # no status subresource in the published CRD
         group,
         version,
         plural,
         name,
-        {"status": {"connectionState": "Connected", "connectionStatus": {}}},
+        {"status": {"connectionState": "Connected", "connectionStatus": {"certificateStatus": {}}}},
     )

@@ -320,9 +320,12 @@ class RuntimeAgentSim:
         issued: IssuedCertificate | None = None,
     ) -> None:
         if connection is None:
-            management = {"connectorUrl": secret.connector_url}
-            if issued is not None and issued.director_url:
-                management["directorUrl"] = issued.director_url
+            # compass-runtime-agent writes both fields always (Go strings without omitempty;
+            # the published CRD requires them): empty until a connection told it Director's.
+            management = {
+                "connectorUrl": secret.connector_url,
+                "directorUrl": issued.director_url if issued is not None else "",
+            }
             self._custom.create_cluster_custom_object(
                 CC_GROUP,
                 CC_VERSION,
@@ -349,8 +352,12 @@ class RuntimeAgentSim:
                 },
             }
         else:
-            status["connectionStatus"] = {"lastSync": now, "error": error or ""}
-        self._custom.patch_cluster_custom_object_status(
+            status["connectionStatus"] = {
+                "lastSync": now,
+                "error": error or "",
+                "certificateStatus": {},
+            }
+        self._custom.patch_cluster_custom_object(  # the CRD has no status subresource
             CC_GROUP, CC_VERSION, CC_PLURAL, CONNECTION_NAME, {"status": status}
         )
 

@@ -311,6 +311,24 @@ class KubeClient:
             "patch", "PATCH", path, body=operations, content_type="application/json-patch+json"
         )
 
+    async def apply(
+        self, path: str, body: Mapping[str, Any], *, field_manager: str, force: bool = False
+    ) -> JSON:
+        """Server-side apply of `body` (the whole intent of `field_manager`) at the object's
+        path. JSON is YAML, so the body goes as is; `force` takes fields over from other
+        managers instead of answering 409 (what an owner like lifecycle-manager does)."""
+        params = {"fieldManager": field_manager}
+        if force:
+            params["force"] = "true"
+        return await self._call(
+            "apply",
+            "PATCH",
+            path,
+            params=params,
+            body=body,
+            content_type="application/apply-patch+yaml",
+        )
+
     async def delete(self, path: str, *, resource_version: str | None = None) -> bool:
         """True when this call deleted it, False when it was already gone. With
         `resource_version` the deletion is conditional (Conflict when the object changed)."""

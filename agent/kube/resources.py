@@ -22,6 +22,14 @@ def compass_connections() -> str:
     return f"/apis/{COMPASS_CONNECTION_GROUP_VERSION}/compassconnections"
 
 
+def configmaps(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/configmaps"
+
+
+def deployments(namespace: str) -> str:
+    return f"/apis/apps/v1/namespaces/{namespace}/deployments"
+
+
 def secrets(namespace: str) -> str:
     return f"/api/v1/namespaces/{namespace}/secrets"
 

@@ -188,7 +188,7 @@ def test_agent_rbac_names_the_one_secret(binaries: Binaries) -> None:
             "tokenExpirationSeconds",
         ),
         ("compass-agent", AGENT_REQUIRED | {"moduleSignals[0]": "always"}, "/moduleSignals/0"),
-        ("compass-agent", {}, "broker.url is required"),
+        ("compass-agent", {"broker.urlTemplate": "http://{kcp_domain}"}, "/broker/urlTemplate"),
         (
             "compass-agent",
             AGENT_REQUIRED | {"identity.mode": "mtls"},

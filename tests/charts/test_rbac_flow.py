@@ -164,7 +164,7 @@ def run_flow(
                     "name": "default",
                     "labels": {"kyma-project.io/runtime-id": runtime.runtime_id},
                 },
-                "spec": {"modules": [{"name": "application-connector"}]},
+                "spec": {"channel": "regular", "modules": [{"name": "application-connector"}]},
             },
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_")}

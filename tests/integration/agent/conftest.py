@@ -326,13 +326,21 @@ class AgentEnv:
                 "apiVersion": "compass.kyma-project.io/v1alpha1",
                 "kind": "CompassConnection",
                 "metadata": {"name": "compass-connection"},
-                "spec": {"managementInfo": {"connectorUrl": "https://connector.test/graphql"}},
+                "spec": {
+                    "managementInfo": {
+                        "connectorUrl": "https://connector.test/graphql",
+                        "directorUrl": "https://director.test/graphql",
+                    }
+                },
             }
             custom.create_cluster_custom_object(*CC, body)
-        status: dict[str, Any] = {"connectionState": state}
-        if error:
-            status["connectionStatus"] = {"error": error}
-        custom.patch_cluster_custom_object_status(*CC, "compass-connection", {"status": status})
+        # The published schema requires connectionStatus.certificateStatus (CRA always writes it).
+        status: dict[str, Any] = {
+            "connectionState": state,
+            "connectionStatus": {"certificateStatus": {}, "error": error or ""},
+        }
+        # The published CRD has no status subresource: compass-runtime-agent updates the object.
+        custom.patch_cluster_custom_object(*CC, "compass-connection", {"status": status})
 
     def delete_connection(self) -> None:
         with contextlib.suppress(ApiException):

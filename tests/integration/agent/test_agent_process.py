@@ -50,7 +50,7 @@ async def test_probes_and_metrics(agent_env: AgentEnv) -> None:
         base = f"http://127.0.0.1:{agent.health.port}"
         async with httpx.AsyncClient(base_url=base, timeout=5) as http:
             assert (await http.get("/healthz")).status_code == 200
-            await eventually(agent.ready, what="the watches to sync")
+            await eventually(lambda: agent.ready()[0], what="the watches to sync")
             assert (await http.get("/readyz")).status_code == 200
             agent_env.put_kyma(modules=["application-connector"])
             await eventually(agent_env.secret_data, what="the token secret")

@@ -179,3 +179,19 @@ async def test_repeats_within_the_write_interval_are_counted_and_written_once(
         assert calls == {"create": 1, "patch": 2}
         [event] = (await c.list(f"/api/v1/namespaces/{ns}/events")).items
     assert event["count"] == 12
+
+
+async def test_apply_creates_then_owns_its_fields_and_force_takes_them_from_another_manager(
+    kube: KubeClient, ns: str
+) -> None:
+    path = f"/api/v1/namespaces/{ns}/configmaps/applied"
+    created = await kube.apply(path, configmap("applied", "one"), field_manager="owner")
+    assert created["data"] == {"value": "one"}
+    await kube.merge_patch(path, {"data": {"value": "edited", "extra": "x"}})
+    # Another manager changed a field the owner applied: without force that is a conflict.
+    with pytest.raises(Conflict):
+        await kube.apply(path, configmap("applied", "one"), field_manager="owner-2")
+    taken = await kube.apply(path, configmap("applied", "one"), field_manager="owner", force=True)
+    assert taken["data"] == {"value": "one", "extra": "x"}  # fields it never applied stay
+    managers = {m["manager"] for m in taken["metadata"]["managedFields"]}
+    assert "owner" in managers

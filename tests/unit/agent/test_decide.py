@@ -59,6 +59,11 @@ def obs(**changes: object) -> Observed:
 
 
 CASES: list[tuple[str, Observed, Plan]] = [
+    # 0. Kyma being deleted: lifecycle-manager removes our RBAC meanwhile; touch nothing
+    ("kyma deleting, our secret, module off: keep it", obs(kyma_deleting=True, module_enabled=False, secret=FRESH),
+     Plan(Action.IDLE, Reason.KYMA_DELETING)),
+    ("kyma deleting, no secret, module on: no pull", obs(kyma_deleting=True),
+     Plan(Action.IDLE, Reason.KYMA_DELETING)),
     # 1. module disabled
     ("disabled, our secret: delete", obs(module_enabled=False, secret=FRESH),
      Plan(Action.DELETE_SECRET, Reason.MODULE_DISABLED)),
@@ -71,6 +76,10 @@ CASES: list[tuple[str, Observed, Plan]] = [
     # 2. runtime id
     ("no runtime id: idle", obs(runtime_id=None),
      Plan(Action.IDLE, Reason.NO_RUNTIME_ID)),
+    ("no broker URL: idle, no pull", obs(broker_known=False),
+     Plan(Action.IDLE, Reason.NO_BROKER_URL)),
+    ("no broker URL, module off: the secret still goes", obs(broker_known=False, module_enabled=False, secret=FRESH),
+     Plan(Action.DELETE_SECRET, Reason.MODULE_DISABLED)),
     # 4. no secret
     ("enabled, no secret: pull", obs(),
      Plan(Action.PULL, Reason.NO_SECRET)),
