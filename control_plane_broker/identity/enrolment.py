@@ -1,0 +1,162 @@
+"""BYOC enrolment: identity for a runtime that has no kubeconfig Secret in KCP, by a double
+opt-in of its ServiceAccount issuer (the rules are in `enrolment_rules`).
+
+Wraps the mode's verifier. Only when that one finds no kubeconfig Secret for the runtime, and a
+Kyma for it exists (not deleting, module enabled when the policy requires it), does this look at
+the token's unverified issuer and the runtime's mapping (the watch-fed view):
+
+- the approved issuer presented: the token is verified as in `jwks` mode, with keys from that
+  issuer's OIDC discovery (`JwksVerifier.verify_with_issuer`: cached, refetched on an unknown key
+  id and when old, so the cluster can rotate its keys);
+- anything else: the issuer is recorded as pending when none is (creating the mapping without a
+  claim if there is none yet), a Warning Event `EnrolmentPending` on the Kyma tells the operator
+  the one command that approves it, and the caller gets 403 `enrolment-pending`.
+
+What always holds: the broker contacts no issuer an operator has not approved (the URL comes from
+unauthenticated input); it never writes an approval; it writes the pending record and its Event
+at most once per `write_interval` per runtime, so callers who prove nothing cannot make it write
+much; a runtime that has a kubeconfig Secret is never judged here; an unknown runtime is refused
+exactly as before (401).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from control_plane_broker.errors import EnrolmentPending, IdentityNotProven
+from control_plane_broker.identity import claims, enrolment_rules
+from control_plane_broker.identity.claims import Identity
+from control_plane_broker.identity.enrolment_rules import AwaitApproval, Enrolment, VerifyWith
+from control_plane_broker.identity.jwks import JwksVerifier
+from control_plane_broker.identity.verifier import Verifier
+from control_plane_broker.kube.events import KymaEvents
+from control_plane_broker.kube.mappings import MappingRepository
+from control_plane_broker.model import KymaView
+from control_plane_broker.policy import module_enabled
+from control_plane_broker.registration import state
+from kubeapi import KubeError
+
+log = logging.getLogger(__name__)
+
+WRITE_INTERVAL_SECONDS = 60.0
+MAX_TRACKED_RUNTIMES = 10_000
+
+
+class KymaLookup(Protocol):
+    def get(self, name: str) -> KymaView | None: ...
+
+
+class MappingLookup(Protocol):
+    def get(self, name: str) -> state.Mapping | None: ...
+
+
+class EnrolmentVerifier:
+    def __init__(
+        self,
+        inner: Verifier,
+        *,
+        pinned: JwksVerifier,
+        kymas: KymaLookup,
+        mappings: MappingLookup,
+        repo: MappingRepository,
+        events: KymaEvents,
+        namespace: str,
+        audience: str,
+        allowed: frozenset[tuple[str, str]],
+        required_module: str | None,
+        clock: Callable[[], float],
+        write_interval: float = WRITE_INTERVAL_SECONDS,
+    ) -> None:
+        self._inner = inner
+        self._pinned = pinned
+        self._kymas = kymas
+        self._mappings = mappings
+        self._repo = repo
+        self._events = events
+        self._namespace = namespace
+        self._audience = audience
+        self._allowed = allowed
+        self._module = required_module
+        self._clock = clock  # monotonic: only paces writes
+        self._interval = write_interval
+        self._acted: OrderedDict[str, float] = OrderedDict()  # Kyma name → last write/Event
+        self.mode = inner.mode
+
+    async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity:
+        try:
+            return await self._inner.verify(runtime_id=runtime_id, headers=headers)
+        except IdentityNotProven as exc:
+            if exc.reason != "no-kubeconfig":
+                raise
+            kyma = self._kymas.get(runtime_id.lower())
+            if kyma is None or not self._may_enrol(kyma):
+                raise  # as without enrolment: nobody learns which runtimes exist
+        token = claims.bearer_token(headers.get("authorization"))
+        presented = enrolment_rules.presented_issuer(
+            token, audience=self._audience, allowed=self._allowed, now=time.time()
+        )
+        mapping = self._mappings.get(kyma.name)
+        enrolment = Enrolment(
+            approved=mapping.issuer_approved if mapping else None,
+            pending=mapping.issuer_pending if mapping else None,
+        )
+        step = enrolment_rules.decide(presented, enrolment)
+        if isinstance(step, VerifyWith):
+            return await self._pinned.verify_with_issuer(
+                runtime_id=runtime_id, token=token, issuer=step.issuer
+            )
+        await self._ask_for_approval(kyma, mapping, step)
+        raise EnrolmentPending(enrolment_rules.refusal_detail(step))
+
+    def _may_enrol(self, kyma: KymaView) -> bool:
+        # A Kyma that could not get a token anyway gets no mapping written for it.
+        return not kyma.deleting and (self._module is None or module_enabled(kyma, self._module))
+
+    async def _ask_for_approval(
+        self, kyma: KymaView, mapping: state.Mapping | None, step: AwaitApproval
+    ) -> None:
+        now = self._clock()
+        if not enrolment_rules.due(self._acted.get(kyma.name), now, self._interval):
+            return
+        self._acted[kyma.name] = now
+        self._acted.move_to_end(kyma.name)
+        while len(self._acted) > MAX_TRACKED_RUNTIMES:
+            self._acted.popitem(last=False)
+        if step.record:
+            await self._record_pending(kyma, mapping, step.presented)
+        self._events.emit(
+            kyma_name=kyma.name,
+            kyma_uid=kyma.uid,
+            reason="EnrolmentPending",
+            message=enrolment_rules.event_message(step, namespace=self._namespace, name=kyma.name),
+            warning=True,
+        )
+
+    async def _record_pending(
+        self, kyma: KymaView, mapping: state.Mapping | None, issuer: str
+    ) -> None:
+        wall = time.time()
+        try:
+            if mapping is None:
+                await self._repo.create(
+                    state.new_pending_mapping(
+                        kyma, namespace=self._namespace, issuer=issuer, now=wall
+                    )
+                )
+            elif not mapping.deleting:
+                # With the observed resourceVersion: a mapping changed meanwhile (an approval,
+                # a claim) is not overwritten; the next request sees the change.
+                await self._repo.replace(
+                    state.with_pending_issuer(mapping, issuer=issuer, now=wall)
+                )
+        except KubeError as exc:
+            log.warning(
+                "pending issuer not recorded",
+                extra={"kyma": kyma.name, "error": type(exc).__name__},
+            )
+            return
+        log.info("issuer pending approval", extra={"kyma": kyma.name, "issuer": issuer})
