@@ -13,8 +13,9 @@ the token's unverified issuer and the runtime's mapping (the watch-fed view):
   the one command that approves it, and the caller gets 403 `enrolment-pending`.
 
 What always holds: the broker contacts no issuer an operator has not approved (the URL comes from
-unauthenticated input); it never writes an approval; it writes the pending record and its Event
-at most once per `write_interval` per runtime, so callers who prove nothing cannot make it write
+unauthenticated input); it never writes an approval; it tries the pending write at most once
+per observed version of the mapping (only when none is pending), and Events beyond those writes
+at most once per `event_interval` per runtime, so callers who prove nothing cannot make it write
 much; a runtime that has a kubeconfig Secret is never judged here; an unknown runtime is refused
 exactly as before (401).
 """
@@ -25,7 +26,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from control_plane_broker.errors import EnrolmentPending, IdentityNotProven
 from control_plane_broker.identity import claims, enrolment_rules
@@ -42,8 +43,9 @@ from kubeapi import KubeError
 
 log = logging.getLogger(__name__)
 
-WRITE_INTERVAL_SECONDS = 60.0
+EVENT_INTERVAL_SECONDS = 60.0
 MAX_TRACKED_RUNTIMES = 10_000
+_T = TypeVar("_T")
 
 
 class KymaLookup(Protocol):
@@ -69,7 +71,7 @@ class EnrolmentVerifier:
         allowed: frozenset[tuple[str, str]],
         required_module: str | None,
         clock: Callable[[], float],
-        write_interval: float = WRITE_INTERVAL_SECONDS,
+        event_interval: float = EVENT_INTERVAL_SECONDS,
     ) -> None:
         self._inner = inner
         self._pinned = pinned
@@ -81,9 +83,11 @@ class EnrolmentVerifier:
         self._audience = audience
         self._allowed = allowed
         self._module = required_module
-        self._clock = clock  # monotonic: only paces writes
-        self._interval = write_interval
-        self._acted: OrderedDict[str, float] = OrderedDict()  # Kyma name → last write/Event
+        self._clock = clock  # monotonic: only paces Events
+        self._interval = event_interval
+        # Kyma name → the mapping version a pending write was last tried on; → last Event.
+        self._written_on: OrderedDict[str, str] = OrderedDict()
+        self._evented: OrderedDict[str, float] = OrderedDict()
         self.mode = inner.mode
 
     async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity:
@@ -119,15 +123,17 @@ class EnrolmentVerifier:
     async def _ask_for_approval(
         self, kyma: KymaView, mapping: state.Mapping | None, step: AwaitApproval
     ) -> None:
-        now = self._clock()
-        if not enrolment_rules.due(self._acted.get(kyma.name), now, self._interval):
-            return
-        self._acted[kyma.name] = now
-        self._acted.move_to_end(kyma.name)
-        while len(self._acted) > MAX_TRACKED_RUNTIMES:
-            self._acted.popitem(last=False)
-        if step.record:
+        observed = mapping.resource_version if mapping else ""
+        wrote = enrolment_rules.should_record(
+            step, observed=observed, last_written_on=self._written_on.get(kyma.name)
+        )
+        if wrote:
+            _remember(self._written_on, kyma.name, observed)
             await self._record_pending(kyma, mapping, step.presented)
+        now = self._clock()
+        if not wrote and not enrolment_rules.due(self._evented.get(kyma.name), now, self._interval):
+            return
+        _remember(self._evented, kyma.name, now)
         self._events.emit(
             kyma_name=kyma.name,
             kyma_uid=kyma.uid,
@@ -160,3 +166,10 @@ class EnrolmentVerifier:
             )
             return
         log.info("issuer pending approval", extra={"kyma": kyma.name, "issuer": issuer})
+
+
+def _remember(seen: OrderedDict[str, _T], key: str, value: _T) -> None:
+    seen[key] = value
+    seen.move_to_end(key)
+    while len(seen) > MAX_TRACKED_RUNTIMES:
+        seen.popitem(last=False)

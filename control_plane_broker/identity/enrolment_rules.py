@@ -150,9 +150,17 @@ def decide(presented: str, enrolment: Enrolment) -> VerifyWith | AwaitApproval:
     return AwaitApproval(presented=presented, record=enrolment.pending is None, enrolment=enrolment)
 
 
+def should_record(step: AwaitApproval, *, observed: str, last_written_on: str | None) -> bool:
+    """Whether to write the pending issuer now. `observed` is the mapping's resourceVersion in
+    the view ("" without a mapping); a write is tried at most once per observed version, so a
+    stale view costs one conflicting write, and only a change someone else made (an operator
+    clearing or approving, a registration) lets callers who prove nothing cause another."""
+    return step.record and observed != last_written_on
+
+
 def due(last: float | None, now: float, interval: float) -> bool:
-    """Whether a write or Event for one runtime may happen now: at most one per `interval`, so
-    callers who prove nothing cannot make the broker write much."""
+    """Whether an Event for one runtime may be written now: at most one per `interval` besides
+    the one that goes with a write, so callers with ever new issuers cannot flood the Events."""
     return last is None or now - last >= interval
 
 

@@ -145,7 +145,20 @@ def test_a_changed_issuer_after_approval_needs_a_new_approval() -> None:
     assert "issuer-approved=https://rebuilt.byoc.test " in message
 
 
-def test_writes_are_paced_per_runtime() -> None:
+def test_a_pending_write_is_tried_once_per_observed_mapping_version() -> None:
+    first = rules.decide(ISSUER, Enrolment(None, None))
+    assert isinstance(first, AwaitApproval)
+    assert rules.should_record(first, observed="", last_written_on=None)
+    # The view has not caught up with our own create (or it conflicted): no second write.
+    assert not rules.should_record(first, observed="", last_written_on="")
+    # Someone else changed the mapping (an operator cleared the pending issuer): one more.
+    assert rules.should_record(first, observed="12", last_written_on="")
+    pending = rules.decide(ISSUER, Enrolment(None, pending=ISSUER))
+    assert isinstance(pending, AwaitApproval)
+    assert not rules.should_record(pending, observed="13", last_written_on=None)
+
+
+def test_events_beyond_writes_are_paced_per_runtime() -> None:
     assert rules.due(None, 100.0, 60.0)
     assert not rules.due(100.0, 159.9, 60.0)
     assert rules.due(100.0, 160.0, 60.0)
