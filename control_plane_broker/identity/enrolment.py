@@ -31,7 +31,7 @@ from typing import Protocol, TypeVar
 from control_plane_broker.errors import EnrolmentPending, IdentityNotProven
 from control_plane_broker.identity import claims, enrolment_rules
 from control_plane_broker.identity.claims import Identity
-from control_plane_broker.identity.enrolment_rules import AwaitApproval, Enrolment, VerifyWith
+from control_plane_broker.identity.enrolment_rules import AwaitApproval, Enrolment
 from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.identity.verifier import Verifier
 from control_plane_broker.kube.events import KymaEvents
@@ -100,19 +100,21 @@ class EnrolmentVerifier:
             if kyma is None or not self._may_enrol(kyma):
                 raise  # as without enrolment: nobody learns which runtimes exist
         token = claims.bearer_token(headers.get("authorization"))
-        presented = enrolment_rules.presented_issuer(
-            token, audience=self._audience, allowed=self._allowed, now=time.time()
-        )
         mapping = self._mappings.get(kyma.name)
         enrolment = Enrolment(
             approved=mapping.issuer_approved if mapping else None,
             pending=mapping.issuer_pending if mapping else None,
         )
-        step = enrolment_rules.decide(presented, enrolment)
-        if isinstance(step, VerifyWith):
+        verify = enrolment_rules.decide(enrolment_rules.claimed_issuer(token), enrolment)
+        if verify is not None:
+            # The approved issuer's keys decide, with the same refusals as `jwks` mode.
             return await self._pinned.verify_with_issuer(
-                runtime_id=runtime_id, token=token, issuer=step.issuer
+                runtime_id=runtime_id, token=token, issuer=verify.issuer
             )
+        presented = enrolment_rules.presented_issuer(
+            token, audience=self._audience, allowed=self._allowed, now=time.time()
+        )
+        step = enrolment_rules.await_approval(presented, enrolment)
         await self._ask_for_approval(kyma, mapping, step)
         raise EnrolmentPending(enrolment_rules.refusal_detail(step))
 

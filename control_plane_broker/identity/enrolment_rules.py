@@ -62,6 +62,17 @@ def issuer_problem(value: object) -> str | None:
     return next((problem for failed, problem in checks if failed), None)
 
 
+def claimed_issuer(token: str) -> str:
+    """The token's `iss` as written ("" without one), read without verifying anything: only
+    compared with the approved issuer, which is verified next."""
+    try:
+        unverified = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError as exc:
+        raise IdentityNotProven("not a JWT", reason="malformed") from exc
+    issuer = unverified.get("iss")
+    return issuer if isinstance(issuer, str) else ""
+
+
 def presented_issuer(
     token: str, *, audience: str, allowed: frozenset[tuple[str, str]], now: float
 ) -> str:
@@ -144,9 +155,15 @@ class AwaitApproval:
     enrolment: Enrolment
 
 
-def decide(presented: str, enrolment: Enrolment) -> VerifyWith | AwaitApproval:
-    if enrolment.approved == presented:
-        return VerifyWith(presented)
+def decide(claimed: str, enrolment: Enrolment) -> VerifyWith | None:
+    """Verify against the approved issuer when the token names exactly that one; otherwise
+    nothing is proven and the caller may only ask for approval (`await_approval`)."""
+    if enrolment.approved is not None and claimed == enrolment.approved:
+        return VerifyWith(enrolment.approved)
+    return None
+
+
+def await_approval(presented: str, enrolment: Enrolment) -> AwaitApproval:
     return AwaitApproval(presented=presented, record=enrolment.pending is None, enrolment=enrolment)
 
 

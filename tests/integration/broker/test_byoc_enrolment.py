@@ -1,6 +1,8 @@
 """BYOC enrolment (double opt-in) on real API servers, the Compass simulator and a real broker.
 
-The runtimes have a Kyma in KCP but no kubeconfig Secret there. Their ServiceAccount issuers are
+The runtimes have a Kyma in KCP but no kubeconfig Secret there. One test enrols a runtime
+cluster's own API server as the issuer, with its real tokens (the cluster publishes discovery to
+anonymous callers, as a self-managed BYOC cluster would). Elsewhere the issuers are
 played by a local HTTPS server (under a throw-away CA the broker trusts through
 `BROKER_ISSUER_CA_FILE`) that serves an OIDC discovery document and a key set per issuer: the
 public half of the runtime cluster's real ServiceAccount key, or a key the test rotates to.
@@ -21,6 +23,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from control_plane_broker.registration.state import (
     ANNOTATION_EXPIRES,
@@ -339,3 +343,46 @@ def test_without_a_kyma_or_a_plausible_token_or_with_enrolment_off_nothing_is_re
     assert outcome(r) == (401, "identity-not-proven")
     assert a.mapping() is None
     assert issuers.paths == []
+
+
+def publish_issuer_discovery(cluster: TestCluster) -> None:
+    """What a self-managed cluster does to make its issuer public: discovery for anonymous."""
+    binding = client.V1ClusterRoleBinding(
+        metadata=client.V1ObjectMeta(name="service-account-issuer-discovery-public"),
+        role_ref=client.V1RoleRef(
+            api_group="rbac.authorization.k8s.io",
+            kind="ClusterRole",
+            name="system:service-account-issuer-discovery",
+        ),
+        subjects=[
+            client.RbacV1Subject(
+                api_group="rbac.authorization.k8s.io", kind="Group", name="system:unauthenticated"
+            )
+        ],
+    )
+    try:
+        client.RbacAuthorizationV1Api(cluster.api_client).create_cluster_role_binding(binding)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def test_a_real_api_server_enrolled_as_the_issuer_with_real_tokens(
+    brokers: BrokerFactory,
+    control_plane: TestCluster,
+    kcp_ns: str,
+    runtime_b: TestCluster,
+) -> None:
+    publish_issuer_discovery(runtime_b)
+    b = byoc_runtime(control_plane, kcp_ns, runtime_b)
+    broker = brokers(BROKER_ISSUER_CA_FILE=str(runtime_b.ca_file))
+    r = broker.request_token(b.runtime_id, b.token())
+    assert outcome(r) == (403, "enrolment-pending")
+    assert annotations(b)[ANNOTATION_ISSUER_PENDING] == runtime_b.issuer
+    approve(b, runtime_b.issuer)
+    until_issued(broker, b.runtime_id, b.token())
+    # Another ServiceAccount of the same cluster: a valid identity, not an allowed one.
+    assert outcome(broker.request_token(b.runtime_id, b.token(sa="default", ns="default"))) == (
+        403,
+        "identity-forbidden",
+    )

@@ -124,21 +124,33 @@ def test_an_implausible_token_is_no_identity_and_presents_nothing(token: str, re
 def test_only_the_approved_issuer_is_verified() -> None:
     assert rules.decide(ISSUER, Enrolment(approved=ISSUER, pending=None)) == VerifyWith(ISSUER)
     # A trailing slash is another issuer: OIDC compares issuers as strings.
-    assert isinstance(rules.decide(ISSUER + "/", Enrolment(ISSUER, None)), AwaitApproval)
+    assert rules.decide(ISSUER + "/", Enrolment(ISSUER, None)) is None
+    assert rules.decide(ISSUER, Enrolment(approved=None, pending=ISSUER)) is None
+    assert rules.decide("", Enrolment(approved=None, pending=None)) is None
+
+
+def test_the_claimed_issuer_is_read_without_verifying_anything() -> None:
+    assert rules.claimed_issuer(_token(iss="https://whatever.test")) == "https://whatever.test"
+    assert rules.claimed_issuer(_token(iss="")) == ""
+    with pytest.raises(IdentityNotProven):
+        rules.claimed_issuer("garbage")
 
 
 def test_the_first_pending_issuer_is_kept_until_an_operator_acts() -> None:
     nothing = Enrolment(approved=None, pending=None)
-    assert rules.decide(ISSUER, nothing) == AwaitApproval(ISSUER, record=True, enrolment=nothing)
+    assert rules.await_approval(ISSUER, nothing) == AwaitApproval(
+        ISSUER, record=True, enrolment=nothing
+    )
     # The same issuer again writes nothing; another one does not replace it.
     mine = Enrolment(approved=None, pending=ISSUER)
-    assert rules.decide(ISSUER, mine).record is False  # type: ignore[union-attr]
-    assert rules.decide("https://attacker.test", mine).record is False  # type: ignore[union-attr]
+    assert rules.await_approval(ISSUER, mine).record is False
+    assert rules.await_approval("https://attacker.test", mine).record is False
 
 
 def test_a_changed_issuer_after_approval_needs_a_new_approval() -> None:
     approved = Enrolment(approved=ISSUER, pending=None)
-    step = rules.decide("https://rebuilt.byoc.test", approved)
+    assert rules.decide("https://rebuilt.byoc.test", approved) is None
+    step = rules.await_approval("https://rebuilt.byoc.test", approved)
     assert step == AwaitApproval("https://rebuilt.byoc.test", record=True, enrolment=approved)
     message = rules.event_message(step, namespace="kcp-system", name="rt-1")
     assert f"the approved issuer is {ISSUER}" in message
@@ -146,15 +158,13 @@ def test_a_changed_issuer_after_approval_needs_a_new_approval() -> None:
 
 
 def test_a_pending_write_is_tried_once_per_observed_mapping_version() -> None:
-    first = rules.decide(ISSUER, Enrolment(None, None))
-    assert isinstance(first, AwaitApproval)
+    first = rules.await_approval(ISSUER, Enrolment(None, None))
     assert rules.should_record(first, observed="", last_written_on=None)
     # The view has not caught up with our own create (or it conflicted): no second write.
     assert not rules.should_record(first, observed="", last_written_on="")
     # Someone else changed the mapping (an operator cleared the pending issuer): one more.
     assert rules.should_record(first, observed="12", last_written_on="")
-    pending = rules.decide(ISSUER, Enrolment(None, pending=ISSUER))
-    assert isinstance(pending, AwaitApproval)
+    pending = rules.await_approval(ISSUER, Enrolment(None, pending=ISSUER))
     assert not rules.should_record(pending, observed="13", last_written_on=None)
 
 
@@ -165,8 +175,7 @@ def test_events_beyond_writes_are_paced_per_runtime() -> None:
 
 
 def test_the_event_gives_the_one_command_that_approves_and_clears_pending() -> None:
-    step = rules.decide(ISSUER, Enrolment(None, None))
-    assert isinstance(step, AwaitApproval)
+    step = rules.await_approval(ISSUER, Enrolment(None, None))
     message = rules.event_message(step, namespace="kcp-system", name="rt-1")
     assert message.endswith(
         "kubectl -n kcp-system annotate compassmanagermapping rt-1 --overwrite "
@@ -177,8 +186,7 @@ def test_the_event_gives_the_one_command_that_approves_and_clears_pending() -> N
 
 
 def test_another_issuer_while_one_is_pending_names_both_and_approves_neither() -> None:
-    step = rules.decide("https://attacker.test", Enrolment(None, pending=ISSUER))
-    assert isinstance(step, AwaitApproval)
+    step = rules.await_approval("https://attacker.test", Enrolment(None, pending=ISSUER))
     message = rules.event_message(step, namespace="kcp-system", name="rt-1")
     assert "https://attacker.test asks" in message
     assert f"issuer {ISSUER} is already pending" in message
