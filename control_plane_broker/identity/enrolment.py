@@ -39,7 +39,7 @@ from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.model import KymaView
 from control_plane_broker.policy import module_enabled
 from control_plane_broker.registration import state
-from kubeapi import KubeError
+from kubeapi import Conflict, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -147,20 +147,17 @@ class EnrolmentVerifier:
     async def _record_pending(
         self, kyma: KymaView, mapping: state.Mapping | None, issuer: str
     ) -> None:
-        wall = time.time()
         try:
-            if mapping is None:
-                await self._repo.create(
-                    state.new_pending_mapping(
-                        kyma, namespace=self._namespace, issuer=issuer, now=wall
-                    )
-                )
-            elif not mapping.deleting:
-                # With the observed resourceVersion: a mapping changed meanwhile (an approval,
-                # a claim) is not overwritten; the next request sees the change.
-                await self._repo.replace(
-                    state.with_pending_issuer(mapping, issuer=issuer, now=wall)
-                )
+            try:
+                await self._write_pending(kyma, mapping, issuer)
+            except Conflict:
+                # The view was behind (our own create, a claim, an operator): judge once more
+                # on the mapping as it is now, so the record does not wait for another caller.
+                fresh = await self._repo.get(kyma.name)
+                if fresh is None or not _still_to_record(fresh, issuer):
+                    return
+                _remember(self._written_on, kyma.name, fresh.resource_version)
+                await self._write_pending(kyma, fresh, issuer)
         except KubeError as exc:
             log.warning(
                 "pending issuer not recorded",
@@ -168,6 +165,27 @@ class EnrolmentVerifier:
             )
             return
         log.info("issuer pending approval", extra={"kyma": kyma.name, "issuer": issuer})
+
+    async def _write_pending(
+        self, kyma: KymaView, mapping: state.Mapping | None, issuer: str
+    ) -> None:
+        now = time.time()
+        if mapping is None:
+            await self._repo.create(
+                state.new_pending_mapping(kyma, namespace=self._namespace, issuer=issuer, now=now)
+            )
+        elif not mapping.deleting:
+            # Conditional on the observed resourceVersion: an approval or a claim written
+            # meanwhile is never overwritten.
+            await self._repo.replace(state.with_pending_issuer(mapping, issuer=issuer, now=now))
+
+
+def _still_to_record(mapping: state.Mapping, issuer: str) -> bool:
+    enrolment = Enrolment(approved=mapping.issuer_approved, pending=mapping.issuer_pending)
+    return (
+        enrolment_rules.decide(issuer, enrolment) is None
+        and enrolment_rules.await_approval(issuer, enrolment).record
+    )
 
 
 def _remember(seen: OrderedDict[str, _T], key: str, value: _T) -> None:
