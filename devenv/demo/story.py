@@ -263,19 +263,25 @@ class Demo:
 
     def seed_control_plane(self) -> None:
         self.story.step(
-            "KCP: Kyma CRs and runtime kubeconfig Secrets, as the control plane has them"
+            "KCP: Kyma CRs and runtime kubeconfig Secrets (managed runtimes only), as the control "
+            "plane has them"
         )
         for key, name in (("A", "runtime-a"), ("B", "runtime-b")):
-            spec = self.specs[key]
-            world.seed_control_plane(self.kcp, spec, self.clusters[name])
+            spec, cluster = self.specs[key], self.clusters[name]
+            world.seed_control_plane(self.kcp, spec, cluster)
             self.story.detail(
                 f"{spec.title}: Kyma {world.KCP_NAMESPACE}/{spec.kyma_name}, shoot {spec.shoot}, "
                 f"global account {spec.global_account[:8]}…, plan azure"
             )
-            self.story.detail(
-                f"{' ' * len(spec.title)}  Secret {world.KCP_NAMESPACE}/kubeconfig-{spec.kyma_name}"
-                " (key config)"
-            )
+            indent = " " * len(spec.title)
+            if spec.managed:
+                secret = f"{world.KCP_NAMESPACE}/kubeconfig-{spec.kyma_name}"
+                self.story.detail(f"{indent}  Secret {secret} (key config)")
+            else:
+                self.story.detail(
+                    f"{indent}  no kubeconfig Secret: KCP cannot reach this cluster; its "
+                    f"ServiceAccount issuer {cluster.issuer} publishes its keys (OIDC discovery)"
+                )
         self.story.done("no module enabled yet: nothing talks to Compass")
 
     def prepare_runtimes(self) -> None:
@@ -314,6 +320,8 @@ class Demo:
             BROKER_IDENTITY_MODE="tokenreview",
             BROKER_AUDIENCE=world.AUDIENCE,
             BROKER_ALLOWED_SERVICE_ACCOUNTS=f"{world.RUNTIME_NAMESPACE}/{world.AGENT_SERVICE_ACCOUNT}",
+            # Runtime B's issuer is its API server, whose certificate is under that cluster's CA.
+            BROKER_ISSUER_CA_FILE=str(self.clusters["runtime-b"].ca_file),
             **BROKER_TIMERS,
         )
         child = self.processes.start(
@@ -336,8 +344,9 @@ class Demo:
             logs=[child.log_path],
         )
         self.story.done(
-            f"{self.broker_url}: identity by TokenReview on the asking runtime's API server, "
-            f"breaker opens after {BROKER_TIMERS['BROKER_BREAKER_FAILURE_THRESHOLD']} failures "
+            f"{self.broker_url}: identity by TokenReview on the asking runtime's API server "
+            "(BYOC without a kubeconfig Secret: by its approved issuer's keys), breaker opens "
+            f"after {BROKER_TIMERS['BROKER_BREAKER_FAILURE_THRESHOLD']} failures "
             f"for {BROKER_TIMERS['BROKER_BREAKER_OPEN_SECONDS']} s"
         )
 
@@ -476,6 +485,7 @@ class Demo:
         assert runtime.agent is not None
         self.story.step(f"The module is enabled in {runtime.spec.title} while Compass is down")
         self.story.detail(world.enable_module(self.kcp, runtime.cluster, runtime.spec))
+        self._enrol(runtime)
         agent_log = runtime.agent.log_path
         backoffs = self.story.wait_for(
             f"agent B asks, the broker answers 503 + Retry-After, agent B backs off "
@@ -503,6 +513,32 @@ class Demo:
             "nothing failed: every process runs, agent B is healthy and keeps retrying, "
             "runtime A is still Connected, runtime B has no secret yet"
         )
+
+    def _enrol(self, runtime: Runtime) -> None:
+        """Double opt-in: the agent presents its issuer, an operator approves it in KCP."""
+        spec = runtime.spec
+        issuer = self.story.wait_for(
+            "agent B asks; no kubeconfig Secret, so the broker answers 403 enrolment-pending and "
+            "records B's ServiceAccount issuer as pending on its CompassManagerMapping",
+            lambda: world.pending_issuer(self.kcp, spec),
+            timeout=self._timeout(20),
+            guard=self._guard,
+            logs=self._logs(runtime.agent, self.broker),
+        )
+        self.story.detail(f"pending issuer: {issuer} (the broker has not contacted it)")
+        message = self.story.wait_for(
+            "Warning Event EnrolmentPending on the Kyma in KCP",
+            lambda: world.enrolment_event(self.kcp, spec),
+            timeout=self._timeout(10),
+            guard=self._guard,
+            logs=self._logs(self.broker),
+        )
+        self.story.detail(f"Event: {message.split('. ')[0]}")
+        if issuer != runtime.cluster.issuer:
+            raise StepFailed(f"the pending issuer {issuer} is not runtime B's")
+        command = world.approve_issuer(self.kcp, spec, issuer)
+        self.story.detail("the operator checks the issuer with B's owner and approves it:")
+        self.story.detail(f"  {command}")
 
     def _check_nothing_failed(self) -> None:
         self._guard()

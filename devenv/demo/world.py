@@ -2,8 +2,9 @@
 
 Holds: objects look like the real ones (names, namespaces, labels; see the architecture brief):
 - KCP (`kcp-system`): one Kyma CR per runtime, named the lower-cased runtime ID and labelled the
-  way KCP labels it, and the runtime's kubeconfig Secret `kubeconfig-<runtime-id>` (key `config`,
-  label `operator.kyma-project.io/kyma-name`);
+  way KCP labels it, and for a managed runtime its kubeconfig Secret `kubeconfig-<runtime-id>`
+  (key `config`, label `operator.kyma-project.io/kyma-name`); a BYOC runtime has none there: its
+  cluster publishes its ServiceAccount issuer, which an operator approves (enrolment);
 - a managed runtime has the Kyma CR `kyma-system/default` labelled by KLM with its runtime ID; a
   BYOC runtime has none, its agent is told the runtime ID, and enabling the module there means
   the module's manager created an `ApplicationConnector` CR;
@@ -38,6 +39,7 @@ KYMA = ("operator.kyma-project.io", "v1beta2", "kymas")
 MAPPING = ("operator.kyma-project.io", "v1beta1", "compassmanagermappings")
 APPLICATION_CONNECTOR = ("operator.kyma-project.io", "v1alpha1", "applicationconnectors")
 COMPASS_CONNECTION = ("compass.kyma-project.io", "v1alpha1", "compassconnections")
+ENROLMENT_ANNOTATIONS = "compass-broker.kyma-project.io"  # the broker's annotations on a mapping
 AZURE_PLAN_ID = "4deee563-e5ec-4731-b9b1-53b42d855f0c"  # KEB's ID of the "azure" plan
 
 
@@ -131,11 +133,15 @@ def custom_resources_served(cluster: TestCluster, *, control_plane: bool) -> boo
 
 
 def seed_control_plane(kcp: TestCluster, spec: RuntimeSpec, runtime: TestCluster) -> None:
-    """The Kyma CR (no modules yet) and the runtime's kubeconfig Secret, as KCP has them."""
+    """The Kyma CR (no modules yet) and, for a managed runtime, its kubeconfig Secret, as KCP
+    has them. A BYOC cluster instead publishes its ServiceAccount issuer's discovery."""
     kcp.create_namespace(KCP_NAMESPACE)
     kcp.custom.create_namespaced_custom_object(
         *KYMA[:2], KCP_NAMESPACE, KYMA[2], _kyma(spec.kyma_name, KCP_NAMESPACE, spec.kcp_labels())
     )
+    if not spec.managed:
+        runtime.publish_issuer_discovery()
+        return
     secret = client.V1Secret(
         metadata=client.V1ObjectMeta(
             name=f"kubeconfig-{spec.kyma_name}",
@@ -228,6 +234,30 @@ def enable_module(kcp: TestCluster, cluster: TestCluster, spec: RuntimeSpec) -> 
     return f"{done}; KCP Kyma {KCP_NAMESPACE}/{spec.kyma_name} lists the module"
 
 
+def approve_issuer(kcp: TestCluster, spec: RuntimeSpec, issuer: str) -> str:
+    """What the operator's one `kubectl annotate` does; returns that command."""
+    kcp.custom.patch_namespaced_custom_object(
+        *MAPPING[:2],
+        KCP_NAMESPACE,
+        MAPPING[2],
+        spec.kyma_name,
+        {
+            "metadata": {
+                "annotations": {
+                    f"{ENROLMENT_ANNOTATIONS}/issuer-approved": issuer,
+                    f"{ENROLMENT_ANNOTATIONS}/issuer-pending": None,
+                    f"{ENROLMENT_ANNOTATIONS}/issuer-pending-since": None,
+                }
+            }
+        },
+    )
+    return (
+        f"kubectl -n {KCP_NAMESPACE} annotate compassmanagermapping {spec.kyma_name} --overwrite "
+        f"{ENROLMENT_ANNOTATIONS}/issuer-approved={issuer} "
+        f"{ENROLMENT_ANNOTATIONS}/issuer-pending- {ENROLMENT_ANNOTATIONS}/issuer-pending-since-"
+    )
+
+
 def delete_kyma(kcp: TestCluster, spec: RuntimeSpec) -> None:
     kcp.custom.delete_namespaced_custom_object(*KYMA[:2], KCP_NAMESPACE, KYMA[2], spec.kyma_name)
 
@@ -261,7 +291,7 @@ def connection_state(cluster: TestCluster) -> str:
     return str(connection(cluster).get("connectionState") or "none")
 
 
-def mapping_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:
+def _mapping(kcp: TestCluster, spec: RuntimeSpec) -> dict[str, Any] | None:
     found = _get(
         kcp.custom.get_namespaced_custom_object,
         *MAPPING[:2],
@@ -269,7 +299,25 @@ def mapping_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:
         MAPPING[2],
         spec.kyma_name,
     )
-    return found is not None
+    return cast(dict[str, Any] | None, found)
+
+
+def mapping_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:
+    return _mapping(kcp, spec) is not None
+
+
+def pending_issuer(kcp: TestCluster, spec: RuntimeSpec) -> str | None:
+    """The issuer the broker recorded as pending on the runtime's mapping, if any."""
+    annotations = ((_mapping(kcp, spec) or {}).get("metadata") or {}).get("annotations") or {}
+    return annotations.get(f"{ENROLMENT_ANNOTATIONS}/issuer-pending") or None
+
+
+def enrolment_event(kcp: TestCluster, spec: RuntimeSpec) -> str | None:
+    """The message of the broker's `EnrolmentPending` Event on the runtime's Kyma."""
+    events = kcp.core.list_namespaced_event(
+        KCP_NAMESPACE, field_selector="reason=EnrolmentPending"
+    ).items
+    return next((str(e.message) for e in events if e.involved_object.name == spec.kyma_name), None)
 
 
 def kyma_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:

@@ -23,8 +23,6 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from control_plane_broker.registration.state import (
     ANNOTATION_EXPIRES,
@@ -345,35 +343,13 @@ def test_without_a_kyma_or_a_plausible_token_or_with_enrolment_off_nothing_is_re
     assert issuers.paths == []
 
 
-def publish_issuer_discovery(cluster: TestCluster) -> None:
-    """What a self-managed cluster does to make its issuer public: discovery for anonymous."""
-    binding = client.V1ClusterRoleBinding(
-        metadata=client.V1ObjectMeta(name="service-account-issuer-discovery-public"),
-        role_ref=client.V1RoleRef(
-            api_group="rbac.authorization.k8s.io",
-            kind="ClusterRole",
-            name="system:service-account-issuer-discovery",
-        ),
-        subjects=[
-            client.RbacV1Subject(
-                api_group="rbac.authorization.k8s.io", kind="Group", name="system:unauthenticated"
-            )
-        ],
-    )
-    try:
-        client.RbacAuthorizationV1Api(cluster.api_client).create_cluster_role_binding(binding)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-
 def test_a_real_api_server_enrolled_as_the_issuer_with_real_tokens(
     brokers: BrokerFactory,
     control_plane: TestCluster,
     kcp_ns: str,
     runtime_b: TestCluster,
 ) -> None:
-    publish_issuer_discovery(runtime_b)
+    runtime_b.publish_issuer_discovery()
     b = byoc_runtime(control_plane, kcp_ns, runtime_b)
     broker = brokers(BROKER_ISSUER_CA_FILE=str(runtime_b.ca_file))
     r = broker.request_token(b.runtime_id, b.token())
