@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import jwt
 
-from control_plane_broker.errors import IdentityNotProven
+from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
 from control_plane_broker.identity import claims
 from control_plane_broker.registration.state import (
     ANNOTATION_ISSUER_APPROVED,
@@ -92,10 +92,11 @@ def presented_issuer(
         raise IdentityNotProven("the token has expired", reason="expired")
     aud = unverified.get("aud")
     claims.check_audience([aud] if isinstance(aud, str) else aud or [], audience)
-    subject = str(unverified.get("sub", ""))
-    if not subject.startswith(claims.SA_PREFIX):
-        raise IdentityNotProven("not a ServiceAccount token", reason="not-sa")
-    if claims.parse_service_account(subject) not in allowed:
+    try:
+        account = claims.parse_service_account(str(unverified.get("sub", "")))
+    except IdentityForbidden as exc:  # unverified: nothing is proven, so no 403 either
+        raise IdentityNotProven("not a ServiceAccount token", reason="not-sa") from exc
+    if account not in allowed:
         raise IdentityNotProven("not an allowed ServiceAccount", reason="not-sa")
     issuer = unverified.get("iss")
     problem = issuer_problem(issuer)

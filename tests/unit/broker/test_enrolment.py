@@ -106,6 +106,7 @@ def test_a_plausible_agent_token_presents_its_issuer() -> None:
         (_token(exp="soon"), "expired"),
         (_token(aud=["someone-else"]), "audience"),
         (_token(sub="alice"), "not-sa"),
+        (_token(sub="system:serviceaccount:kyma-system"), "not-sa"),
         (_token(sub="system:serviceaccount:default:default"), "not-sa"),
         (_token(iss="http://oidc.byoc.test"), "issuer"),
         (_token(iss=""), "issuer"),
