@@ -91,7 +91,8 @@ def presented_issuer(
     if not isinstance(exp, int | float) or exp <= now:
         raise IdentityNotProven("the token has expired", reason="expired")
     aud = unverified.get("aud")
-    claims.check_audience([aud] if isinstance(aud, str) else aud or [], audience)
+    listed = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
+    claims.check_audience([a for a in listed if isinstance(a, str)], audience)
     try:
         account = claims.parse_service_account(str(unverified.get("sub", "")))
     except IdentityForbidden as exc:  # unverified: nothing is proven, so no 403 either

@@ -105,6 +105,8 @@ def test_a_plausible_agent_token_presents_its_issuer() -> None:
         (_token(exp=int(time.time()) - 10), "expired"),
         (_token(exp="soon"), "expired"),
         (_token(aud=["someone-else"]), "audience"),
+        (_token(aud=[{"compass-broker": 1}, 7]), "audience"),
+        (_token(aud=7), "audience"),
         (_token(sub="alice"), "not-sa"),
         (_token(sub="system:serviceaccount:kyma-system"), "not-sa"),
         (_token(sub="system:serviceaccount:default:default"), "not-sa"),
