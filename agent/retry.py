@@ -1,10 +1,13 @@
 """THE retry policy of the agent, as data, and the one function that turns it into a delay.
 
-Always holds: `next_delay` is pure (randomness comes in as `rng`), never negative, never
-above the cap unless the server asked for longer with `Retry-After` — a server that says
-"come back in 60 s" is obeyed even when our own cap is lower, because coming back sooner
-only earns another 503. Jitter is "full" (uniform in [0, exponential step]) so that a herd of
-agents that failed together spreads out instead of retrying in lock-step.
+Always holds: `next_delay` is pure (randomness comes in as `rng`) and never negative. Without a
+hint from the server (a transport error, an answer without `Retry-After`) the wait grows
+exponentially up to the cap, with "full" jitter (uniform in [0, step]) so that a herd of agents
+that failed together spreads out instead of retrying in lock-step. With `Retry-After` the
+server has said when: the agent comes back then, plus a little jitter (at most a tenth of the
+wait, at least `base`, never more than its own step), also above the cap — coming back sooner
+only earns another 503, and coming back much later (as an exponential backoff grown over a long
+outage would) leaves the capacity the broker booked for it unused.
 
 No Kubernetes or HTTP imports here: the benchmarks import this module to simulate agents.
 """
@@ -61,18 +64,18 @@ def next_delay(
 ) -> float:
     """Seconds to wait after failed attempt `attempt` (1-based).
 
-    With `retry_after` (seconds the server asked for), the wait is at least that long; the
-    jittered backoff still applies on top of a shorter server hint so a herd told "1 s" does
-    not return together.
+    With `retry_after` (seconds the server asked for), the wait is that plus a small jitter
+    window, whatever the attempt: the server spreads its callers, our backoff does not outgrow
+    its answer.
     """
     capped = step(policy, attempt)
-    if policy.jitter is Jitter.FULL:
-        source: RandomSource = rng if rng is not None else random.SystemRandom()
-        delay = source.uniform(0.0, capped)
-    else:
-        delay = capped
+    source: RandomSource = rng if rng is not None else random.SystemRandom()
     if retry_after is not None and retry_after > 0:
-        return max(delay, retry_after)
+        if policy.jitter is Jitter.NONE:
+            return retry_after
+        window = min(capped, max(policy.base, retry_after / 10))
+        return retry_after + source.uniform(0.0, window)
+    delay = source.uniform(0.0, capped) if policy.jitter is Jitter.FULL else capped
     return max(delay, 0.0)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from control_plane_broker.director.client import DirectorClient
+from control_plane_broker.director.client import DirectorApi
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.errors import (
     CompassRejected,
@@ -67,7 +67,7 @@ class TokenIssuer:
         cache: KymaReader,
         verifier: Verifier,
         registration: RegistrationService,
-        director: DirectorClient,
+        director: DirectorApi,
         guard: DirectorGuard,
         status: StatusRecorder,
         limiter: RateLimiter,

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from control_plane_broker.director.client import DirectorClient
+from control_plane_broker.director.client import DirectorApi
 from control_plane_broker.errors import BrokerError, KymaIncomplete
 from control_plane_broker.kube.events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
@@ -93,7 +93,7 @@ class Reconciler:
         cache: Informer[KymaView],
         mappings: Informer[Mapping],
         repo: MappingRepository,
-        director: DirectorClient,
+        director: DirectorApi,
         events: KymaEvents,
         status: StatusRecorder,
         metrics: Metrics,

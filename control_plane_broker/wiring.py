@@ -30,6 +30,7 @@ from control_plane_broker.api.server import bind, build_server
 from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
+from control_plane_broker.director.thread import DirectorInThread, LoopThread
 from control_plane_broker.identity.enrolment import EnrolmentVerifier
 from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
@@ -133,8 +134,12 @@ async def run(  # noqa: PLR0915
         on_state=metrics.on_breaker_state,
     )
     oauth = OAuthTokenSource(oauth_http, credentials, scope=settings.director_scope, clock=mono)
-    director = DirectorClient(
-        http=director_http, url=settings.director_url, oauth=oauth, guard=guard
+    # Director calls run on a loop of their own (see director/thread.py): the main loop's load
+    # must not stretch the time a call holds one of Director's slots.
+    director_thread = LoopThread("director")
+    director = DirectorInThread(
+        DirectorClient(http=director_http, url=settings.director_url, oauth=oauth, guard=guard),
+        director_thread,
     )
     registration = RegistrationService(
         settings=settings,
@@ -313,7 +318,9 @@ async def run(  # noqa: PLR0915
         if settings.leader_election and settings.reconciler_enabled:
             await elector.release()
         await runtime_access.aclose()
-        for client in (director_http, oauth_http, keys_http):
-            await client.aclose()
+        for client in (director_http, oauth_http):
+            await director_thread.run(client.aclose())
+        director_thread.stop()
+        await keys_http.aclose()
         await kcp.aclose()
         sock.close()

@@ -19,6 +19,9 @@ Always holds:
   empty, synced collection, and the informer keeps looking with the same backoff.
 - `last_contact` is the monotonic time of the last successful list, event or bookmark, so a
   caller can tell a quiet collection from a stale one.
+- `metadata.managedFields` is dropped before `parse` (as client-go's informers may): nobody
+  here reads it, it is often the largest part of an object, and an update that omits it leaves
+  the server's copy as it was.
 """
 
 from __future__ import annotations
@@ -51,6 +54,13 @@ def object_version(obj: JSON) -> str:
     metadata = obj.get("metadata")
     version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
     return version if isinstance(version, str) else ""
+
+
+def without_managed_fields(obj: JSON) -> JSON:
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict) or "managedFields" not in metadata:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
 
 
 def changed_names(before: dict[str, str], after: dict[str, str]) -> list[str]:
@@ -135,7 +145,7 @@ class Informer(Generic[T]):
 
     def _parsed(self, name: str, obj: JSON) -> T | None:
         try:
-            return self._parse(obj)
+            return self._parse(without_managed_fields(obj))
         except Exception as exc:
             # Only the type: a parser's message may quote the hostile values themselves.
             log.warning(

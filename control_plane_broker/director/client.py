@@ -7,7 +7,7 @@ Holds: every call goes through the guard (breaker + concurrency limit); every fa
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -48,6 +48,29 @@ def parse_field(data: dict[str, Any], key: str, model: type[M], operation: str) 
 def label_query(value: str) -> str:
     """Director matches `query` by JSON containment: a string label is matched by its JSON form."""
     return json.dumps(value)
+
+
+class DirectorApi(Protocol):
+    """What the rest of the broker calls on Director (the client, or the client on its own
+    thread: `director.thread.DirectorInThread`)."""
+
+    async def runtimes_by_label(
+        self, *, tenant: str, key: str, value: str
+    ) -> list[DirectorRuntime]: ...
+
+    async def register_runtime(
+        self, *, tenant: str, spec: RuntimeRegisterInput
+    ) -> DirectorRuntime: ...
+
+    async def unregister_runtime(self, *, tenant: str, runtime_id: str) -> bool: ...
+
+    async def request_one_time_token(
+        self, *, tenant: str, runtime_id: str, follow_up: bool = False
+    ) -> OneTimeToken: ...
+
+    async def set_runtime_label(
+        self, *, tenant: str, runtime_id: str, key: str, value: Any
+    ) -> None: ...
 
 
 class DirectorClient:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from control_plane_broker.director.client import DirectorClient
+from control_plane_broker.director.client import DirectorApi
 from control_plane_broker.director.errors import may_have_reached_director
 from control_plane_broker.director.models import RuntimeRegisterInput
 from control_plane_broker.errors import (
@@ -74,7 +74,7 @@ class RegistrationService:
         settings: Settings,
         repo: MappingRepository,
         cache: MappingReader,
-        director: DirectorClient,
+        director: DirectorApi,
         metrics: Metrics,
         me: str,
         clock: Callable[[], float],

@@ -131,7 +131,18 @@ def test_every_product_package_is_copied_into_the_build() -> None:
     """The wheel is built from what the build stage copied: a package left out would make the
     image fail at its first import (agent and broker import kubeapi and observability)."""
     find = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    packages = {p.rstrip("*") for p in find["packages"]["find"]["include"]} - {"devenv"}
+    packages = {p.rstrip("*") for p in find["packages"]["find"]["include"]}
     _, stages = _stages()
     copied_sources = {args.split()[0] for args in stages[0].args_of("COPY")}
     assert packages <= copied_sources, packages - copied_sources
+
+
+def test_the_wheel_ships_the_product_and_nothing_else() -> None:
+    """devenv (test clusters, simulator, demo), bench and tests run from the source tree; the
+    distribution holds only what the two entry points import."""
+    from setuptools import find_packages  # noqa: PLC0415 (only here)
+
+    find = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    shipped = find_packages(where=str(REPO_ROOT), include=find["packages"]["find"]["include"])
+    tops = {name.split(".")[0] for name in shipped}
+    assert tops == {"agent", "control_plane_broker", "kubeapi", "observability"}

@@ -227,3 +227,25 @@ async def test_a_stream_that_ends_at_once_does_not_spin(access: ClusterAccess, n
     assert asked[:3] == [1, 2, 3]
     assert calls.count("list") == 1  # the watch resumed each time, no re-list
     assert calls.count("watch") <= len(asked) + 1
+
+
+async def test_the_store_holds_no_managed_fields_and_an_update_from_it_keeps_the_servers(
+    kube: KubeClient, ns: str
+) -> None:
+    informer: Informer[JSON] = Informer(
+        kube, cms(ns), name="cm", parse=lambda obj: obj, delay=lambda failures: 0.05
+    )
+    async with running(informer):
+        await kube.create(cms(ns), configmap("a", "1"))
+        await eventually(lambda: informer.get("a") is not None, what="a in the store")
+        stored = informer.get("a")
+        assert stored is not None
+        assert "managedFields" not in stored["metadata"]
+        on_server = await kube.get(f"{cms(ns)}/a")
+        assert on_server["metadata"]["managedFields"], "the server tracks managers of a"
+
+        changed = {**stored, "data": {"value": "2"}}
+        await kube.replace(f"{cms(ns)}/a", changed)
+        after = await kube.get(f"{cms(ns)}/a")
+    assert after["data"] == {"value": "2"}
+    assert after["metadata"]["managedFields"], "an update without managedFields keeps them"

@@ -56,14 +56,21 @@ def test_no_jitter_is_exactly_the_step() -> None:
     assert [next_delay(policy, a) for a in (1, 2, 3, 4)] == [0.5, 1.5, 4.5, 10.0]
 
 
-def test_retry_after_is_a_floor_even_above_the_cap() -> None:
+def test_retry_after_is_obeyed_even_above_the_cap() -> None:
     policy = RetryPolicy(base=1.0, cap=5.0)
-    assert next_delay(policy, 1, retry_after=60.0, rng=Fixed(1.0)) == 60.0
+    assert next_delay(policy, 1, retry_after=60.0, rng=Fixed(0.0)) == 60.0
+    # Jitter on top: at most the agent's own step (1 s at the first attempt).
+    assert next_delay(policy, 1, retry_after=60.0, rng=Fixed(1.0)) == 61.0
 
 
-def test_short_retry_after_keeps_the_longer_backoff() -> None:
-    assert next_delay(POLICY, 6, retry_after=1.0, rng=Fixed(1.0)) == 32.0
-    assert next_delay(POLICY, 6, retry_after=3.0, rng=Fixed(0.0)) == 3.0
+def test_a_long_outage_does_not_outgrow_the_servers_answer() -> None:
+    # After many 503s our own step is at the cap (300 s); the server's Retry-After still
+    # decides, with jitter of at most a tenth of the wait (at least `base`).
+    assert next_delay(POLICY, 40, retry_after=3.0, rng=Fixed(1.0)) == 4.0
+    assert next_delay(POLICY, 40, retry_after=80.0, rng=Fixed(1.0)) == 88.0
+    assert next_delay(POLICY, 40, retry_after=80.0, rng=Fixed(0.0)) == 80.0
+    # Without a hint the exponential backoff applies as before.
+    assert next_delay(POLICY, 6, rng=Fixed(1.0)) == 32.0
 
 
 def test_invalid_policy_is_rejected() -> None:
