@@ -8,8 +8,14 @@ Holds: objects look like the real ones (names, namespaces, labels; see the archi
 - a managed runtime has the Kyma CR `kyma-system/default` labelled by KLM with its runtime ID; a
   BYOC runtime has none, its agent is told the runtime ID, and enabling the module there means
   the module's manager created an `ApplicationConnector` CR;
-- the agent's identity is a ServiceAccount token of `kyma-system/compass-agent` with the
-  broker's audience, written to a file as the kubelet projects it.
+- the agent arrives as the `compass-agent` Kyma module: in a managed runtime the user lists it
+  in the Kyma CR and lifecycle-manager applies the module's release manifest (its rendering and
+  server-side apply are played here); a BYOC customer applies the community module's manifest,
+  the same bytes, and names the runtime ID in the ConfigMap `kyma-system/compass-agent`;
+- the agent's identity is a ServiceAccount token of `kyma-system/compass-agent` (the manifest's
+  ServiceAccount) with the broker's audience, written to a file as the kubelet projects it; it
+  talks to its API server with a token of the same ServiceAccount, so it runs under exactly the
+  module's RBAC.
 Nothing here prints a token.
 """
 
@@ -17,13 +23,16 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
 
+from devenv import kyma_module
 from devenv.clusters import TestCluster
 from devenv.runtime_agent_sim import TokenSecret
 
@@ -32,6 +41,7 @@ RUNTIME_NAMESPACE = "kyma-system"
 AGENT_SERVICE_ACCOUNT = "compass-agent"
 AUDIENCE = "compass-broker"
 MODULE = "application-connector"
+AGENT_MODULE = "compass-agent"  # the module the agent ships as (module/module-config.yaml)
 TOKEN_SECRET = "compass-agent-configuration"  # noqa: S105 - a name
 SA_TOKEN_SECONDS = 600  # what the agent chart projects: short-lived, rotated by the kubelet
 
@@ -157,8 +167,8 @@ def seed_control_plane(kcp: TestCluster, spec: RuntimeSpec, runtime: TestCluster
 
 
 def prepare_runtime(cluster: TestCluster, spec: RuntimeSpec) -> None:
-    """`kyma-system`, the agent's ServiceAccount and, in a managed runtime, KLM's Kyma CR."""
-    cluster.ensure_service_account(RUNTIME_NAMESPACE, AGENT_SERVICE_ACCOUNT)
+    """`kyma-system` and, in a managed runtime, KLM's Kyma CR."""
+    cluster.create_namespace(RUNTIME_NAMESPACE)
     if spec.managed:
         cluster.custom.create_namespaced_custom_object(
             *KYMA[:2],
@@ -166,6 +176,86 @@ def prepare_runtime(cluster: TestCluster, spec: RuntimeSpec) -> None:
             KYMA[2],
             _kyma("default", RUNTIME_NAMESPACE, spec.skr_labels()),
         )
+
+
+def install_agent_module(
+    kcp: TestCluster, cluster: TestCluster, spec: RuntimeSpec, manifest: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """The agent arrives as the `compass-agent` module; returns what was done, in words.
+
+    Managed: the user adds the module to the runtime's Kyma CR, KLM syncs it to KCP and applies
+    the release manifest the way lifecycle-manager does. BYOC: the customer applies the
+    community module's manifest into kyma-system and names the runtime ID in the module's
+    ConfigMap (no Kyma CR carries it there)."""
+    if spec.managed:
+        _add_module(cluster.custom, RUNTIME_NAMESPACE, "default", AGENT_MODULE)
+        _add_module(kcp.custom, KCP_NAMESPACE, spec.kyma_name, AGENT_MODULE)
+        objects = kyma_module.as_lifecycle_manager_renders(
+            manifest, owner=f"{KCP_NAMESPACE}/{spec.kyma_name}-{AGENT_MODULE}"
+        )
+        manager = kyma_module.FIELD_MANAGER
+        done = [
+            f"{AGENT_MODULE} added to spec.modules of Kyma {RUNTIME_NAMESPACE}/default "
+            "(and synced to the KCP Kyma)",
+            f"lifecycle-manager applies the release manifest ({len(objects)} objects, field "
+            f"manager {manager}): {_kinds(objects)}",
+        ]
+    else:
+        objects = [_in_namespace(obj, RUNTIME_NAMESPACE) for obj in manifest]
+        manager = "kubectl"
+        done = [
+            f"the customer applies the community module's manifest: {_kinds(objects)}",
+        ]
+    dynamic = DynamicClient(cluster.api_client)
+    for obj in objects:
+        resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        dynamic.server_side_apply(resource, body=obj, field_manager=manager, force_conflicts=True)
+    if not spec.managed:
+        cluster.core.create_namespaced_config_map(
+            RUNTIME_NAMESPACE,
+            client.V1ConfigMap(
+                metadata=client.V1ObjectMeta(name=AGENT_MODULE),
+                data={"runtimeID": spec.runtime_id},
+            ),
+        )
+        done.append(f"ConfigMap {RUNTIME_NAMESPACE}/{AGENT_MODULE}: runtimeID {spec.runtime_id}")
+    return done
+
+
+def _kinds(objects: Sequence[Mapping[str, Any]]) -> str:
+    return ", ".join(sorted({str(obj["kind"]) for obj in objects}))
+
+
+def _in_namespace(obj: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+    """`kubectl apply -n <namespace>`: namespaced objects without one get it."""
+    out = dict(obj)
+    metadata = dict(out.get("metadata") or {})
+    if out.get("kind") not in kyma_module.CLUSTER_SCOPED and not metadata.get("namespace"):
+        metadata["namespace"] = namespace
+    out["metadata"] = metadata
+    return out
+
+
+def agent_environment(manifest: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The agent container's environment as the module's Deployment sets it (values only)."""
+    (deployment,) = [obj for obj in manifest if obj.get("kind") == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: str(e["value"]) for e in container.get("env") or [] if "value" in e}
+
+
+def agent_kubeconfig(cluster: TestCluster, path: Path) -> None:
+    """A kubeconfig with a token of the module's ServiceAccount (in a pod: the in-cluster token),
+    so the agent has exactly the module's RBAC on its API server."""
+    token = cluster.service_account_token(
+        RUNTIME_NAMESPACE,
+        AGENT_SERVICE_ACCOUNT,
+        audiences=[cluster.issuer],
+        expiration_seconds=24 * 3600,
+    )
+    path.write_text(
+        cluster.kubeconfig_with_token(token, user=f"{RUNTIME_NAMESPACE}:{AGENT_SERVICE_ACCOUNT}")
+    )
+    path.chmod(0o600)
 
 
 def project_token(cluster: TestCluster, path: Path) -> str:
@@ -195,13 +285,15 @@ def write_director_credentials(path: Path, *, client_id: str, secret: str, token
 # -- what users, KLM and KCP do ------------------------------------------------------------
 
 
-def _add_module(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
+def _add_module(
+    custom: client.CustomObjectsApi, namespace: str, name: str, module: str = MODULE
+) -> None:
     kyma = cast(
         dict[str, Any], custom.get_namespaced_custom_object(*KYMA[:2], namespace, KYMA[2], name)
     )
     modules = list(kyma.get("spec", {}).get("modules") or [])
-    if all(m.get("name") != MODULE for m in modules):
-        modules.append({"name": MODULE})
+    if all(m.get("name") != module for m in modules):
+        modules.append({"name": module})
     custom.patch_namespaced_custom_object(
         *KYMA[:2], namespace, KYMA[2], name, {"spec": {"modules": modules}}
     )

@@ -128,9 +128,16 @@ def test_the_demo_tells_the_whole_story_and_leaves_nothing_running(tmp_path: Pat
     # The story, in this order.
     milestones = [
         "Three API servers",
+        "The agent's Kyma module kyma-project.io/module/compass-agent",
+        "no broker URL, no runtime ID in it",
         "Compass simulator",
         "KCP: Kyma CRs and runtime kubeconfig Secrets",
         "no kubeconfig Secret: KCP cannot reach this cluster",
+        "the agent arrives as the compass-agent Kyma module",
+        "compass-agent added to spec.modules of Kyma kyma-system/default",
+        "lifecycle-manager applies the release manifest",
+        "the customer applies the community module's manifest",
+        "runtime ID from the module's ConfigMap",
         "Broker in the control plane",
         "One agent per runtime",
         "module is enabled in runtime A (managed)",
