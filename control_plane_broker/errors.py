@@ -14,6 +14,7 @@
         ├── MalformedRequest        400  runtime ID or headers fail validation
         ├── IdentityNotProven       401  no proof, or the proof does not hold for this runtime
         ├── IdentityForbidden       403  proven, but another runtime or a ServiceAccount not allowed
+        │   └── EnrolmentPending    403  BYOC: the token's issuer awaits an operator's approval
         ├── RuntimeNotFound         404  no Kyma for this runtime ID
         ├── ModuleNotEnabled        409  the application-connector module is off
         ├── KymaDeleting            409  the Kyma has a deletion timestamp
@@ -135,6 +136,18 @@ class IdentityForbidden(PermanentError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class EnrolmentPending(IdentityForbidden):
+    """A runtime without a kubeconfig Secret in KCP presented a ServiceAccount issuer that no
+    operator approved for it (yet). 403: the caller has not proven anything the broker accepts,
+    and asking again changes nothing until an operator acts."""
+
+    slug = "enrolment-pending"
+    title = "The runtime's ServiceAccount issuer awaits approval in the control plane"
+
+    def __init__(self, message: str, *, reason: str = "enrolment-pending") -> None:
+        super().__init__(message, reason=reason)
 
 
 class RuntimeNotFound(PermanentError):

@@ -76,6 +76,17 @@ class Settings(BaseSettings):
         description="jwks mode: fixed issuer base URL (`<url>/openid/v1/jwks`); empty = fetch "
         "through the runtime kubeconfig and accept the cluster's own issuer.",
     )
+    byoc_enrolment: bool = Field(
+        default=True,
+        description="tokenreview, and jwks without BROKER_JWKS_ISSUER_URL: a runtime without a "
+        "kubeconfig Secret enrols its ServiceAccount issuer by double opt-in (pending on the "
+        "mapping until an operator approves it).",
+    )
+    issuer_ca_file: Path | None = Field(
+        default=None,
+        description="PEM CA certificates trusted, besides the public ones, for HTTPS to issuers "
+        "(enrolled issuers, BROKER_JWKS_ISSUER_URL).",
+    )
     xfcc_trusted: bool = Field(
         default=False,
         description="xfcc mode: trust `X-Forwarded-Client-Cert` (only behind the gateway).",

@@ -15,10 +15,13 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
+import certifi
 import httpx
 
 from control_plane_broker import circuit_breaker as cb
@@ -28,6 +31,7 @@ from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
 from control_plane_broker.director.thread import DirectorInThread, LoopThread
+from control_plane_broker.identity.enrolment import EnrolmentVerifier
 from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
 from control_plane_broker.identity.verifier import CountingVerifier, Verifier, XfccVerifier
@@ -54,6 +58,15 @@ HEADER_TIMEOUT_SECONDS = 10.0
 WEDGE_SECONDS = 5.0
 RECONCILE_WORKERS = 4
 EVENT_WRITE_INTERVAL_SECONDS = 30.0  # repeats of one Event are written at most this often
+
+
+def issuer_tls(ca_file: Path | None) -> ssl.SSLContext | bool:
+    """The public CAs, plus the operator's own for issuers behind a private CA."""
+    if ca_file is None:
+        return True
+    context = ssl.create_default_context(cafile=certifi.where())
+    context.load_verify_locations(cafile=str(ca_file))
+    return context
 
 
 def replica_identity() -> str:
@@ -162,6 +175,7 @@ async def run(  # noqa: PLR0915
         timeout=httpx.Timeout(10.0),
         limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
         trust_env=False,
+        verify=issuer_tls(settings.issuer_ca_file),
     )
     allowed = settings.allowed_service_account_set()
     inner: Verifier
@@ -184,6 +198,32 @@ async def run(  # noqa: PLR0915
         )
     else:
         inner = XfccVerifier(trusted=settings.xfcc_trusted)
+    if settings.byoc_enrolment and (
+        settings.identity_mode == "tokenreview"
+        or (settings.identity_mode == "jwks" and not settings.jwks_issuer_url)
+    ):
+        inner = EnrolmentVerifier(
+            inner,
+            pinned=inner
+            if isinstance(inner, JwksVerifier)
+            else JwksVerifier(
+                runtime_access,
+                audience=settings.audience,
+                allowed=allowed,
+                issuer_url="",
+                http=keys_http,
+                clock=mono,
+            ),
+            kymas=kymas,
+            mappings=mappings,
+            repo=repo,
+            events=events,
+            namespace=ns,
+            audience=settings.audience,
+            allowed=allowed,
+            required_module=settings.module_name if settings.module_policy == "required" else None,
+            clock=mono,
+        )
     issuer = TokenIssuer(
         settings=settings,
         cache=kymas,

@@ -235,6 +235,31 @@ class TestCluster:
             }
         )
 
+    def publish_issuer_discovery(self) -> None:
+        """Lets anonymous callers read the ServiceAccount issuer's discovery document and keys,
+        as a self-managed cluster does to make its issuer usable from outside (BYOC enrolment).
+        """
+        binding = client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name="service-account-issuer-discovery-public"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io",
+                kind="ClusterRole",
+                name="system:service-account-issuer-discovery",
+            ),
+            subjects=[
+                client.RbacV1Subject(
+                    api_group="rbac.authorization.k8s.io",
+                    kind="Group",
+                    name="system:unauthenticated",
+                )
+            ],
+        )
+        try:
+            client.RbacAuthorizationV1Api(self.api_client).create_cluster_role_binding(binding)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
     def apply_crds(self, paths: Sequence[Path], *, timeout: float = 30.0) -> None:
         """Creates (or replaces) CRDs and waits until each is Established and can be listed.
 

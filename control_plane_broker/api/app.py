@@ -54,7 +54,11 @@ def _problem_responses() -> dict[int | str, dict[str, object]]:
     for status, text in (
         (400, "Malformed runtime ID"),
         (401, "Identity not proven"),
-        (403, "Proven identity, not for this runtime or ServiceAccount not allowed"),
+        (
+            403,
+            "Proven identity, not for this runtime or ServiceAccount not allowed; or (BYOC) "
+            "the token's issuer awaits an operator's approval",
+        ),
         (404, "No Kyma for this runtime"),
         (409, "Module not enabled or Kyma being deleted"),
         (429, "Per-runtime rate limit (Retry-After)"),

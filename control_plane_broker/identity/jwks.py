@@ -2,22 +2,24 @@
 
 Keys come from the runtime API server (`/openid/v1/jwks`, issuer from
 `/.well-known/openid-configuration`) through its kubeconfig, or from a configured issuer URL
-(`{runtime_id}` is substituted). An unknown `kid` triggers one refetch, at most every
-`refetch_seconds` per runtime, so garbage tokens cannot make us hammer the cluster; callers
-that need the same runtime's keys at the same time share one fetch (a cold start of thousands
-of runtimes costs one fetch per runtime, not one per request), and a failed fetch is not
-repeated for `refetch_seconds` (an unreachable issuer is not asked again per request). Keys are
-also refetched once they are `max_age_seconds` old, so a key the cluster retired (rotated out or
-revoked) stops being trusted within that time.
+(`{runtime_id}` is substituted), or, for a BYOC runtime enrolled with an approved issuer
+(`verify_with_issuer`, see `enrolment.py`), from that issuer's OIDC discovery document.
+An unknown `kid` triggers one refetch, at most every `refetch_seconds` per runtime (or issuer),
+so garbage tokens cannot make us hammer the cluster; callers that need the same keys at the same
+time share one fetch (a cold start of thousands of runtimes costs one fetch per runtime, not one
+per request), and a failed fetch is not repeated for `refetch_seconds` (an unreachable issuer is
+not asked again per request). Keys are also refetched once they are `max_age_seconds` old, so a
+key the cluster retired (rotated out or revoked) stops being trusted within that time.
 RS256 and ES256 only; iss, aud, exp, nbf checked. No call per request once keys are known.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +27,13 @@ import httpx
 import jwt
 
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
-from control_plane_broker.identity import claims
+from control_plane_broker.identity import claims, enrolment_rules
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.kube.runtime_access import RuntimeAccess
 from control_plane_broker.singleflight import SingleFlight
 from kubeapi import KubeError
+
+log = logging.getLogger(__name__)
 
 ALGORITHMS = ["RS256", "ES256"]
 MAX_VERDICTS = 20_000
@@ -41,6 +45,9 @@ class _Keys:
     issuer: str
     keys: dict[str, jwt.PyJWK]
     fetched_at: float
+
+
+Fetch = Callable[[], Awaitable[_Keys]]
 
 
 class JwksVerifier:
@@ -96,8 +103,37 @@ class JwksVerifier:
             raise ControlPlaneUnavailable(
                 "cannot fetch the runtime's issuer keys", retry_after=5
             ) from exc
+        return self._parsed(issuer, jwks)
+
+    async def _discover(self, issuer: str) -> _Keys:
+        """An enrolled issuer's keys, found by its OIDC discovery document (redirects are not
+        followed: the approved origin answers itself)."""
+        try:
+            response = await self._http.get(
+                enrolment_rules.discovery_url(issuer), headers={"Accept": "application/json"}
+            )
+            response.raise_for_status()
+            jwks_uri = enrolment_rules.jwks_uri_from_discovery(issuer, response.json())
+            response = await self._http.get(jwks_uri, headers={"Accept": JWKS_ACCEPT})
+            response.raise_for_status()
+            jwks: Any = response.json()
+        except enrolment_rules.DiscoveryInvalid as exc:
+            log.warning("enrolled issuer unusable", extra={"issuer": issuer, "problem": str(exc)})
+            raise ControlPlaneUnavailable(
+                f"the approved issuer's discovery document is unusable: {exc}", retry_after=30
+            ) from exc
+        except (httpx.HTTPError, ValueError) as exc:
+            raise ControlPlaneUnavailable(
+                "cannot fetch the approved issuer's keys", retry_after=5
+            ) from exc
+        return self._parsed(issuer, jwks)
+
+    def _parsed(self, issuer: str, jwks: Any) -> _Keys:
         keys: dict[str, jwt.PyJWK] = {}
-        for raw in (jwks or {}).get("keys") or []:
+        listed = jwks.get("keys") if isinstance(jwks, dict) else None
+        for raw in listed if isinstance(listed, list) else []:
+            if not isinstance(raw, dict):
+                continue
             try:
                 key = jwt.PyJWK.from_dict(raw)
             except jwt.PyJWTError:
@@ -106,25 +142,24 @@ class JwksVerifier:
                 keys[key.key_id] = key
         return _Keys(issuer=issuer, keys=keys, fetched_at=self._clock())
 
-    async def _fetch_shared(self, key: str, runtime_id: str) -> _Keys:
-        failed_at = self._failed_at.get(key)
+    async def _fetch_shared(self, source: str, fetch: Fetch) -> _Keys:
+        failed_at = self._failed_at.get(source)
         if failed_at is not None and self._clock() - failed_at < self._refetch:
             raise ControlPlaneUnavailable(
                 "the runtime's issuer keys are unavailable", retry_after=5
             )
         try:
             async with self._fetch_slots:
-                keys = await self._fetch(runtime_id)
+                keys = await fetch()
         except ControlPlaneUnavailable:
-            self._failed_at[key] = self._clock()
+            self._failed_at[source] = self._clock()
             raise
-        self._failed_at.pop(key, None)
-        self._keys[key] = keys
+        self._failed_at.pop(source, None)
+        self._keys[source] = keys
         return keys
 
-    async def _key_for(self, runtime_id: str, kid: str) -> tuple[str, jwt.PyJWK, float]:
-        key_of_runtime = runtime_id.lower()
-        cached = self._keys.get(key_of_runtime)
+    async def _key_for(self, source: str, fetch: Fetch, kid: str) -> tuple[str, jwt.PyJWK, float]:
+        cached = self._keys.get(source)
         age = None if cached is None else self._clock() - cached.fetched_at
         if (
             cached is None
@@ -132,9 +167,7 @@ class JwksVerifier:
             or age >= self._max_age
             or (kid not in cached.keys and age >= self._refetch)
         ):
-            cached = await self._fetches.do(
-                key_of_runtime, lambda: self._fetch_shared(key_of_runtime, runtime_id)
-            )
+            cached = await self._fetches.do(source, lambda: self._fetch_shared(source, fetch))
         key = cached.keys.get(kid)
         if key is None:
             raise IdentityNotProven("token signed by an unknown key", reason="unknown-kid")
@@ -142,22 +175,48 @@ class JwksVerifier:
 
     async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity:
         token = claims.bearer_token(headers.get("authorization"))
+        return await self._verified(
+            runtime_id,
+            token,
+            scope=runtime_id,
+            source=runtime_id.lower(),
+            fetch=lambda: self._fetch(runtime_id),
+        )
+
+    async def verify_with_issuer(self, *, runtime_id: str, token: str, issuer: str) -> Identity:
+        """For a runtime enrolled with an approved `issuer` (no kubeconfig): keys from that
+        issuer's discovery document. Keys are cached per issuer (an issuer URL holds `://`, a
+        runtime ID never does); verdicts per runtime *and* issuer, so a changed or withdrawn
+        approval is never answered from a verdict of the old one."""
+        return await self._verified(
+            runtime_id,
+            token,
+            scope=f"{runtime_id}\0{issuer}",
+            source=issuer,
+            fetch=lambda: self._discover(issuer),
+        )
+
+    async def _verified(
+        self, runtime_id: str, token: str, *, scope: str, source: str, fetch: Fetch
+    ) -> Identity:
         # A token verified before is not verified again until it expires or its key could have
         # been retired (the key set's refresh age): a signature check is most of a token's CPU.
-        fingerprint = claims.token_fingerprint(runtime_id, token)
+        fingerprint = claims.token_fingerprint(scope, token)
         hit = self._verdicts.get(fingerprint)
         if hit is not None:
             keys_fetched_at, cached = hit
             expired = cached.expires_at is not None and cached.expires_at <= time.time()
             if not expired and self._clock() - keys_fetched_at < self._max_age:
                 return cached
-        keys_fetched_at, identity = await self._verify(runtime_id, token)
+        keys_fetched_at, identity = await self._verify(runtime_id, token, source, fetch)
         self._verdicts[fingerprint] = (keys_fetched_at, identity)
         while len(self._verdicts) > MAX_VERDICTS:
             self._verdicts.popitem(last=False)
         return identity
 
-    async def _verify(self, runtime_id: str, token: str) -> tuple[float, Identity]:
+    async def _verify(
+        self, runtime_id: str, token: str, source: str, fetch: Fetch
+    ) -> tuple[float, Identity]:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:
@@ -165,7 +224,7 @@ class JwksVerifier:
         if header.get("alg") not in ALGORITHMS:
             raise IdentityNotProven("unsupported signature algorithm", reason="algorithm")
         try:
-            issuer, key, fetched_at = await self._key_for(runtime_id, str(header.get("kid", "")))
+            issuer, key, fetched_at = await self._key_for(source, fetch, str(header.get("kid", "")))
         except IdentityNotProven as exc:
             if exc.reason != "unknown-kid":
                 raise

@@ -23,13 +23,21 @@ class KymaEvents:
         self._namespace = namespace
         self._pending: set[asyncio.Task[None]] = set()
 
-    def emit(self, *, kyma_name: str, kyma_uid: str, reason: str, message: str) -> None:
-        """Records a Normal Event in the background: an answer never waits for its Event."""
+    def emit(
+        self, *, kyma_name: str, kyma_uid: str, reason: str, message: str, warning: bool = False
+    ) -> None:
+        """Records an Event in the background: an answer never waits for its Event."""
         if len(self._pending) >= MAX_PENDING:
             log.warning("event dropped: too many in flight", extra={"reason": reason})
             return
         task = asyncio.create_task(
-            self.record(kyma_name=kyma_name, kyma_uid=kyma_uid, reason=reason, message=message)
+            self.record(
+                kyma_name=kyma_name,
+                kyma_uid=kyma_uid,
+                reason=reason,
+                message=message,
+                warning=warning,
+            )
         )
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)

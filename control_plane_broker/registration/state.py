@@ -35,6 +35,11 @@ ANNOTATION_EXPIRES = "compass-broker.kyma-project.io/claim-expires"
 # Compass ID: the reconciler, woken by that very update, must not find them missing and write
 # them again (status.directorLabels follows in a separate write and wins once it is there).
 ANNOTATION_REGISTERED_LABELS = "compass-broker.kyma-project.io/registered-labels"
+# BYOC enrolment (identity/enrolment_rules.py): the issuer an operator approved, and the one a
+# caller presented first, with when. The broker writes only the pending pair, never an approval.
+ANNOTATION_ISSUER_APPROVED = "compass-broker.kyma-project.io/issuer-approved"
+ANNOTATION_ISSUER_PENDING = "compass-broker.kyma-project.io/issuer-pending"
+ANNOTATION_ISSUER_PENDING_SINCE = "compass-broker.kyma-project.io/issuer-pending-since"
 KIND = "CompassManagerMapping"
 
 
@@ -67,6 +72,8 @@ class Mapping:
     runtime_id: str | None  # as written on the Kyma (case kept): Director's label holds it so
     shoot: str | None  # compass-manager's registrations are found by gardenerClusterName
     raw: dict[str, Any] = field(repr=False, compare=False)
+    issuer_approved: str | None = None
+    issuer_pending: str | None = None
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> Mapping:
@@ -87,6 +94,8 @@ class Mapping:
             runtime_id=labels.get(LABEL_RUNTIME_ID) or None,
             shoot=labels.get(LABEL_SHOOT) or None,
             raw=obj,
+            issuer_approved=str(annotations.get(ANNOTATION_ISSUER_APPROVED) or "") or None,
+            issuer_pending=str(annotations.get(ANNOTATION_ISSUER_PENDING) or "") or None,
         )
 
 
@@ -188,6 +197,40 @@ def safe_to_register(*, claim_expires: float, now: float, call_budget: float) ->
 def new_mapping(
     kyma: KymaView, *, namespace: str, me: str, now: float, claim_seconds: float
 ) -> dict[str, Any]:
+    return _mapping_object(
+        kyma,
+        namespace=namespace,
+        annotations={
+            ANNOTATION_HOLDER: me,
+            ANNOTATION_EXPIRES: to_rfc3339(now + claim_seconds),
+        },
+    )
+
+
+def new_pending_mapping(
+    kyma: KymaView, *, namespace: str, issuer: str, now: float
+) -> dict[str, Any]:
+    """The mapping of a runtime first seen through enrolment: no claim, no Compass ID yet; the
+    registration claims it later like any mapping without a live claim."""
+    return _mapping_object(kyma, namespace=namespace, annotations=_pending(issuer, now))
+
+
+def with_pending_issuer(mapping: Mapping, *, issuer: str, now: float) -> dict[str, Any]:
+    """The mapping with `issuer` recorded as pending; everything else (an approval, a claim)
+    kept as it is."""
+    obj = copy.deepcopy(mapping.raw)
+    meta = obj.setdefault("metadata", {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), **_pending(issuer, now)}
+    return obj
+
+
+def _pending(issuer: str, now: float) -> dict[str, str]:
+    return {ANNOTATION_ISSUER_PENDING: issuer, ANNOTATION_ISSUER_PENDING_SINCE: to_rfc3339(now)}
+
+
+def _mapping_object(
+    kyma: KymaView, *, namespace: str, annotations: dict[str, str]
+) -> dict[str, Any]:
     return {
         "apiVersion": f"{KYMA_GROUP}/{MAPPING_VERSION}",
         "kind": KIND,
@@ -195,10 +238,7 @@ def new_mapping(
             "name": kyma.name,
             "namespace": namespace,
             "labels": _labels(kyma),
-            "annotations": {
-                ANNOTATION_HOLDER: me,
-                ANNOTATION_EXPIRES: to_rfc3339(now + claim_seconds),
-            },
+            "annotations": annotations,
             "finalizers": [FINALIZER],
         },
     }

@@ -18,12 +18,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from devenv import clusters
+from devenv import clusters, kyma_module
 from devenv.clusters import Binaries, TestCluster
 from devenv.demo import observe, world
 from devenv.demo.console import StepFailed, Story, table
@@ -85,6 +86,11 @@ class Runtime:
     compass_runtime_id: str = ""
 
     @property
+    def kubeconfig(self) -> Path:
+        """The agent's access to its API server: a token of the module's ServiceAccount."""
+        return self.token_file.with_name(f"{self.token_file.name}.kubeconfig")
+
+    @property
     def agent_url(self) -> str:
         return f"http://127.0.0.1:{self.agent_port}"
 
@@ -133,6 +139,7 @@ class Demo:
         self.sim_urls: dict[str, str] = {}
         self.broker: Child | None = None
         self.broker_url = ""
+        self.manifest: list[dict[str, Any]] = []
         self._tokens_projected_at = 0.0
         self.finished = False  # every step happened
 
@@ -164,6 +171,7 @@ class Demo:
     def run(self) -> Summary:
         binaries = self.find_binaries()
         self.start_clusters(binaries)
+        self.render_module(binaries)
         self.start_compass()
         self.seed_control_plane()
         self.prepare_runtimes()
@@ -188,6 +196,20 @@ class Demo:
             raise StepFailed(str(exc)) from exc
         self.story.done(f"found in {binaries.folder}")
         return binaries
+
+    def render_module(self, binaries: Binaries) -> None:
+        config = kyma_module.load_config()
+        self.story.step(f"The agent's Kyma module {config.name} {config.version} (make module)")
+        try:
+            self.manifest = kyma_module.render_manifest(binaries.helm, config)
+            kyma_module.check_manifest(self.manifest, config)
+        except kyma_module.ManifestError as exc:
+            raise StepFailed(f"the module manifest is not usable: {exc}") from exc
+        kinds = sorted({str(obj["kind"]) for obj in self.manifest})
+        self.story.done(
+            f"one manifest for every cluster, {len(self.manifest)} objects ({', '.join(kinds)}): "
+            "no broker URL, no runtime ID in it"
+        )
 
     def start_clusters(self, binaries: Binaries) -> None:
         self.story.step(
@@ -263,33 +285,42 @@ class Demo:
 
     def seed_control_plane(self) -> None:
         self.story.step(
-            "KCP: Kyma CRs and runtime kubeconfig Secrets, as the control plane has them"
+            "KCP: Kyma CRs and runtime kubeconfig Secrets (managed runtimes only), as the control "
+            "plane has them"
         )
         for key, name in (("A", "runtime-a"), ("B", "runtime-b")):
-            spec = self.specs[key]
-            world.seed_control_plane(self.kcp, spec, self.clusters[name])
+            spec, cluster = self.specs[key], self.clusters[name]
+            world.seed_control_plane(self.kcp, spec, cluster)
             self.story.detail(
                 f"{spec.title}: Kyma {world.KCP_NAMESPACE}/{spec.kyma_name}, shoot {spec.shoot}, "
                 f"global account {spec.global_account[:8]}…, plan azure"
             )
-            self.story.detail(
-                f"{' ' * len(spec.title)}  Secret {world.KCP_NAMESPACE}/kubeconfig-{spec.kyma_name}"
-                " (key config)"
-            )
+            indent = " " * len(spec.title)
+            if spec.managed:
+                secret = f"{world.KCP_NAMESPACE}/kubeconfig-{spec.kyma_name}"
+                self.story.detail(f"{indent}  Secret {secret} (key config)")
+            else:
+                self.story.detail(
+                    f"{indent}  no kubeconfig Secret: KCP cannot reach this cluster; its "
+                    f"ServiceAccount issuer {cluster.issuer} publishes its keys (OIDC discovery)"
+                )
         self.story.done("no module enabled yet: nothing talks to Compass")
 
     def prepare_runtimes(self) -> None:
-        self.story.step("Runtimes: the agent's ServiceAccount and its projected token")
+        self.story.step("Runtimes: the agent arrives as the compass-agent Kyma module")
         for key, name in (("A", "runtime-a"), ("B", "runtime-b")):
             spec, cluster = self.specs[key], self.clusters[name]
             world.prepare_runtime(cluster, spec)
             runtime = Runtime(spec, cluster, self.secrets_dir / f"sa-token-{name}")
+            for line in world.install_agent_module(self.kcp, cluster, spec, self.manifest):
+                self.story.detail(f"{spec.title}: {line}")
+            world.agent_kubeconfig(cluster, runtime.kubeconfig)
             token = world.project_token(cluster, runtime.token_file)
             self.runtimes[key] = runtime
             where = (
-                "Kyma kyma-system/default labelled with the runtime ID by KLM"
+                "runtime ID from the Kyma CR kyma-system/default, labelled by KLM"
                 if spec.managed
-                else "no Kyma CR (bring your own cluster): the agent is told the runtime ID"
+                else "no Kyma CR (bring your own cluster): runtime ID from the module's ConfigMap"
             )
             self.story.detail(f"{spec.title}: {where}")
             self.story.detail(
@@ -297,7 +328,11 @@ class Demo:
                 f"{world.AUDIENCE}: {_short(token)}"
             )
         self._tokens_projected_at = time.monotonic()
-        self.story.done("tokens written to files, as the kubelet projects them")
+        self.story.done(
+            "the module's objects are in both runtimes; tokens written to files, as the kubelet "
+            "projects them (no kubelet here: the agents run as processes, with the module's "
+            "ServiceAccount and the Deployment's environment)"
+        )
 
     def start_broker(self) -> None:
         self.story.step("Broker in the control plane (python -m control_plane_broker)")
@@ -314,6 +349,8 @@ class Demo:
             BROKER_IDENTITY_MODE="tokenreview",
             BROKER_AUDIENCE=world.AUDIENCE,
             BROKER_ALLOWED_SERVICE_ACCOUNTS=f"{world.RUNTIME_NAMESPACE}/{world.AGENT_SERVICE_ACCOUNT}",
+            # Runtime B's issuer is its API server, whose certificate is under that cluster's CA.
+            BROKER_ISSUER_CA_FILE=str(self.clusters["runtime-b"].ca_file),
             **BROKER_TIMERS,
         )
         child = self.processes.start(
@@ -336,8 +373,9 @@ class Demo:
             logs=[child.log_path],
         )
         self.story.done(
-            f"{self.broker_url}: identity by TokenReview on the asking runtime's API server, "
-            f"breaker opens after {BROKER_TIMERS['BROKER_BREAKER_FAILURE_THRESHOLD']} failures "
+            f"{self.broker_url}: identity by TokenReview on the asking runtime's API server "
+            "(BYOC without a kubeconfig Secret: by its approved issuer's keys), breaker opens "
+            f"after {BROKER_TIMERS['BROKER_BREAKER_FAILURE_THRESHOLD']} failures "
             f"for {BROKER_TIMERS['BROKER_BREAKER_OPEN_SECONDS']} s"
         )
 
@@ -371,7 +409,9 @@ class Demo:
                 logs=self._logs(runtime.agent),
             )
         for runtime in self.runtimes.values():
-            source = "from the Kyma CR label" if runtime.spec.managed else "from AGENT_RUNTIME_ID"
+            source = (
+                "from the Kyma CR label" if runtime.spec.managed else "from the module's ConfigMap"
+            )
             self.story.detail(
                 f"agent {runtime.spec.key}: {runtime.agent_url}/metrics, runtime ID "
                 f"{runtime.spec.runtime_id} {source}"
@@ -380,19 +420,21 @@ class Demo:
 
     def _start_agent(self, runtime: Runtime) -> None:
         spec = runtime.spec
-        env = _marked(
-            self.workdir,
-            AGENT_BROKER_URL=self.broker_url,
-            AGENT_KUBECONFIG=str(runtime.cluster.kubeconfig_path),
-            AGENT_SA_TOKEN_FILE=str(runtime.token_file),
-            AGENT_AUDIENCE=world.AUDIENCE,
-            AGENT_NAMESPACE=world.RUNTIME_NAMESPACE,
-            AGENT_HEALTH_ADDRESS="127.0.0.1:0",
-            AGENT_IDENTITY=f"compass-agent-{spec.key.lower()}",
+        # The Deployment's own environment, with only what a pod would have differently: the
+        # kubeconfig instead of the in-cluster token, local ports and files, short timers, and
+        # the broker URL (the demo's broker is plain http on localhost, which only an explicit
+        # AGENT_BROKER_URL may name).
+        local = {
+            "AGENT_BROKER_URL": self.broker_url,
+            "AGENT_KUBECONFIG": str(runtime.kubeconfig),
+            "AGENT_SA_TOKEN_FILE": str(runtime.token_file),
+            "AGENT_AUDIENCE": world.AUDIENCE,
+            "AGENT_NAMESPACE": world.RUNTIME_NAMESPACE,
+            "AGENT_HEALTH_ADDRESS": "127.0.0.1:0",
+            "AGENT_IDENTITY": f"compass-agent-{spec.key.lower()}",
             **AGENT_TIMERS,
-        )
-        if not spec.managed:
-            env["AGENT_RUNTIME_ID"] = spec.runtime_id
+        }
+        env = _marked(self.workdir, **{**world.agent_environment(self.manifest), **local})
         runtime.agent = self.processes.start(
             f"agent-{spec.key.lower()}", [sys.executable, "-m", "agent"], env=env
         )
@@ -476,6 +518,7 @@ class Demo:
         assert runtime.agent is not None
         self.story.step(f"The module is enabled in {runtime.spec.title} while Compass is down")
         self.story.detail(world.enable_module(self.kcp, runtime.cluster, runtime.spec))
+        self._enrol(runtime)
         agent_log = runtime.agent.log_path
         backoffs = self.story.wait_for(
             f"agent B asks, the broker answers 503 + Retry-After, agent B backs off "
@@ -503,6 +546,32 @@ class Demo:
             "nothing failed: every process runs, agent B is healthy and keeps retrying, "
             "runtime A is still Connected, runtime B has no secret yet"
         )
+
+    def _enrol(self, runtime: Runtime) -> None:
+        """Double opt-in: the agent presents its issuer, an operator approves it in KCP."""
+        spec = runtime.spec
+        issuer = self.story.wait_for(
+            "agent B asks; no kubeconfig Secret, so the broker answers 403 enrolment-pending and "
+            "records B's ServiceAccount issuer as pending on its CompassManagerMapping",
+            lambda: world.pending_issuer(self.kcp, spec),
+            timeout=self._timeout(20),
+            guard=self._guard,
+            logs=self._logs(runtime.agent, self.broker),
+        )
+        self.story.detail(f"pending issuer: {issuer} (the broker has not contacted it)")
+        message = self.story.wait_for(
+            "Warning Event EnrolmentPending on the Kyma in KCP",
+            lambda: world.enrolment_event(self.kcp, spec),
+            timeout=self._timeout(10),
+            guard=self._guard,
+            logs=self._logs(self.broker),
+        )
+        self.story.detail(f"Event: {message.split('. ')[0]}")
+        if issuer != runtime.cluster.issuer:
+            raise StepFailed(f"the pending issuer {issuer} is not runtime B's")
+        command = world.approve_issuer(self.kcp, spec, issuer)
+        self.story.detail("the operator checks the issuer with B's owner and approves it:")
+        self.story.detail(f"  {command}")
 
     def _check_nothing_failed(self) -> None:
         self._guard()

@@ -2,13 +2,20 @@
 
 Holds: objects look like the real ones (names, namespaces, labels; see the architecture brief):
 - KCP (`kcp-system`): one Kyma CR per runtime, named the lower-cased runtime ID and labelled the
-  way KCP labels it, and the runtime's kubeconfig Secret `kubeconfig-<runtime-id>` (key `config`,
-  label `operator.kyma-project.io/kyma-name`);
+  way KCP labels it, and for a managed runtime its kubeconfig Secret `kubeconfig-<runtime-id>`
+  (key `config`, label `operator.kyma-project.io/kyma-name`); a BYOC runtime has none there: its
+  cluster publishes its ServiceAccount issuer, which an operator approves (enrolment);
 - a managed runtime has the Kyma CR `kyma-system/default` labelled by KLM with its runtime ID; a
   BYOC runtime has none, its agent is told the runtime ID, and enabling the module there means
   the module's manager created an `ApplicationConnector` CR;
-- the agent's identity is a ServiceAccount token of `kyma-system/compass-agent` with the
-  broker's audience, written to a file as the kubelet projects it.
+- the agent arrives as the `compass-agent` Kyma module: in a managed runtime the user lists it
+  in the Kyma CR and lifecycle-manager applies the module's release manifest (its rendering and
+  server-side apply are played here); a BYOC customer applies the community module's manifest,
+  the same bytes, and names the runtime ID in the ConfigMap `kyma-system/compass-agent`;
+- the agent's identity is a ServiceAccount token of `kyma-system/compass-agent` (the manifest's
+  ServiceAccount) with the broker's audience, written to a file as the kubelet projects it; it
+  talks to its API server with a token of the same ServiceAccount, so it runs under exactly the
+  module's RBAC.
 Nothing here prints a token.
 """
 
@@ -16,13 +23,16 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
 
+from devenv import kyma_module
 from devenv.clusters import TestCluster
 from devenv.runtime_agent_sim import TokenSecret
 
@@ -31,6 +41,7 @@ RUNTIME_NAMESPACE = "kyma-system"
 AGENT_SERVICE_ACCOUNT = "compass-agent"
 AUDIENCE = "compass-broker"
 MODULE = "application-connector"
+AGENT_MODULE = "compass-agent"  # the module the agent ships as (module/module-config.yaml)
 TOKEN_SECRET = "compass-agent-configuration"  # noqa: S105 - a name
 SA_TOKEN_SECONDS = 600  # what the agent chart projects: short-lived, rotated by the kubelet
 
@@ -38,6 +49,7 @@ KYMA = ("operator.kyma-project.io", "v1beta2", "kymas")
 MAPPING = ("operator.kyma-project.io", "v1beta1", "compassmanagermappings")
 APPLICATION_CONNECTOR = ("operator.kyma-project.io", "v1alpha1", "applicationconnectors")
 COMPASS_CONNECTION = ("compass.kyma-project.io", "v1alpha1", "compassconnections")
+ENROLMENT_ANNOTATIONS = "compass-broker.kyma-project.io"  # the broker's annotations on a mapping
 AZURE_PLAN_ID = "4deee563-e5ec-4731-b9b1-53b42d855f0c"  # KEB's ID of the "azure" plan
 
 
@@ -131,11 +143,15 @@ def custom_resources_served(cluster: TestCluster, *, control_plane: bool) -> boo
 
 
 def seed_control_plane(kcp: TestCluster, spec: RuntimeSpec, runtime: TestCluster) -> None:
-    """The Kyma CR (no modules yet) and the runtime's kubeconfig Secret, as KCP has them."""
+    """The Kyma CR (no modules yet) and, for a managed runtime, its kubeconfig Secret, as KCP
+    has them. A BYOC cluster instead publishes its ServiceAccount issuer's discovery."""
     kcp.create_namespace(KCP_NAMESPACE)
     kcp.custom.create_namespaced_custom_object(
         *KYMA[:2], KCP_NAMESPACE, KYMA[2], _kyma(spec.kyma_name, KCP_NAMESPACE, spec.kcp_labels())
     )
+    if not spec.managed:
+        runtime.publish_issuer_discovery()
+        return
     secret = client.V1Secret(
         metadata=client.V1ObjectMeta(
             name=f"kubeconfig-{spec.kyma_name}",
@@ -151,8 +167,8 @@ def seed_control_plane(kcp: TestCluster, spec: RuntimeSpec, runtime: TestCluster
 
 
 def prepare_runtime(cluster: TestCluster, spec: RuntimeSpec) -> None:
-    """`kyma-system`, the agent's ServiceAccount and, in a managed runtime, KLM's Kyma CR."""
-    cluster.ensure_service_account(RUNTIME_NAMESPACE, AGENT_SERVICE_ACCOUNT)
+    """`kyma-system` and, in a managed runtime, KLM's Kyma CR."""
+    cluster.create_namespace(RUNTIME_NAMESPACE)
     if spec.managed:
         cluster.custom.create_namespaced_custom_object(
             *KYMA[:2],
@@ -160,6 +176,86 @@ def prepare_runtime(cluster: TestCluster, spec: RuntimeSpec) -> None:
             KYMA[2],
             _kyma("default", RUNTIME_NAMESPACE, spec.skr_labels()),
         )
+
+
+def install_agent_module(
+    kcp: TestCluster, cluster: TestCluster, spec: RuntimeSpec, manifest: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """The agent arrives as the `compass-agent` module; returns what was done, in words.
+
+    Managed: the user adds the module to the runtime's Kyma CR, KLM syncs it to KCP and applies
+    the release manifest the way lifecycle-manager does. BYOC: the customer applies the
+    community module's manifest into kyma-system and names the runtime ID in the module's
+    ConfigMap (no Kyma CR carries it there)."""
+    if spec.managed:
+        _add_module(cluster.custom, RUNTIME_NAMESPACE, "default", AGENT_MODULE)
+        _add_module(kcp.custom, KCP_NAMESPACE, spec.kyma_name, AGENT_MODULE)
+        objects = kyma_module.as_lifecycle_manager_renders(
+            manifest, owner=f"{KCP_NAMESPACE}/{spec.kyma_name}-{AGENT_MODULE}"
+        )
+        manager = kyma_module.FIELD_MANAGER
+        done = [
+            f"{AGENT_MODULE} added to spec.modules of Kyma {RUNTIME_NAMESPACE}/default "
+            "(and synced to the KCP Kyma)",
+            f"lifecycle-manager applies the release manifest ({len(objects)} objects, field "
+            f"manager {manager}): {_kinds(objects)}",
+        ]
+    else:
+        objects = [_in_namespace(obj, RUNTIME_NAMESPACE) for obj in manifest]
+        manager = "kubectl"
+        done = [
+            f"the customer applies the community module's manifest: {_kinds(objects)}",
+        ]
+    dynamic = DynamicClient(cluster.api_client)
+    for obj in objects:
+        resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        dynamic.server_side_apply(resource, body=obj, field_manager=manager, force_conflicts=True)
+    if not spec.managed:
+        cluster.core.create_namespaced_config_map(
+            RUNTIME_NAMESPACE,
+            client.V1ConfigMap(
+                metadata=client.V1ObjectMeta(name=AGENT_MODULE),
+                data={"runtimeID": spec.runtime_id},
+            ),
+        )
+        done.append(f"ConfigMap {RUNTIME_NAMESPACE}/{AGENT_MODULE}: runtimeID {spec.runtime_id}")
+    return done
+
+
+def _kinds(objects: Sequence[Mapping[str, Any]]) -> str:
+    return ", ".join(sorted({str(obj["kind"]) for obj in objects}))
+
+
+def _in_namespace(obj: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+    """`kubectl apply -n <namespace>`: namespaced objects without one get it."""
+    out = dict(obj)
+    metadata = dict(out.get("metadata") or {})
+    if out.get("kind") not in kyma_module.CLUSTER_SCOPED and not metadata.get("namespace"):
+        metadata["namespace"] = namespace
+    out["metadata"] = metadata
+    return out
+
+
+def agent_environment(manifest: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The agent container's environment as the module's Deployment sets it (values only)."""
+    (deployment,) = [obj for obj in manifest if obj.get("kind") == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: str(e["value"]) for e in container.get("env") or [] if "value" in e}
+
+
+def agent_kubeconfig(cluster: TestCluster, path: Path) -> None:
+    """A kubeconfig with a token of the module's ServiceAccount (in a pod: the in-cluster token),
+    so the agent has exactly the module's RBAC on its API server."""
+    token = cluster.service_account_token(
+        RUNTIME_NAMESPACE,
+        AGENT_SERVICE_ACCOUNT,
+        audiences=[cluster.issuer],
+        expiration_seconds=24 * 3600,
+    )
+    path.write_text(
+        cluster.kubeconfig_with_token(token, user=f"{RUNTIME_NAMESPACE}:{AGENT_SERVICE_ACCOUNT}")
+    )
+    path.chmod(0o600)
 
 
 def project_token(cluster: TestCluster, path: Path) -> str:
@@ -189,13 +285,15 @@ def write_director_credentials(path: Path, *, client_id: str, secret: str, token
 # -- what users, KLM and KCP do ------------------------------------------------------------
 
 
-def _add_module(custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
+def _add_module(
+    custom: client.CustomObjectsApi, namespace: str, name: str, module: str = MODULE
+) -> None:
     kyma = cast(
         dict[str, Any], custom.get_namespaced_custom_object(*KYMA[:2], namespace, KYMA[2], name)
     )
     modules = list(kyma.get("spec", {}).get("modules") or [])
-    if all(m.get("name") != MODULE for m in modules):
-        modules.append({"name": MODULE})
+    if all(m.get("name") != module for m in modules):
+        modules.append({"name": module})
     custom.patch_namespaced_custom_object(
         *KYMA[:2], namespace, KYMA[2], name, {"spec": {"modules": modules}}
     )
@@ -226,6 +324,30 @@ def enable_module(kcp: TestCluster, cluster: TestCluster, spec: RuntimeSpec) -> 
         )
     _add_module(kcp.custom, KCP_NAMESPACE, spec.kyma_name)
     return f"{done}; KCP Kyma {KCP_NAMESPACE}/{spec.kyma_name} lists the module"
+
+
+def approve_issuer(kcp: TestCluster, spec: RuntimeSpec, issuer: str) -> str:
+    """What the operator's one `kubectl annotate` does; returns that command."""
+    kcp.custom.patch_namespaced_custom_object(
+        *MAPPING[:2],
+        KCP_NAMESPACE,
+        MAPPING[2],
+        spec.kyma_name,
+        {
+            "metadata": {
+                "annotations": {
+                    f"{ENROLMENT_ANNOTATIONS}/issuer-approved": issuer,
+                    f"{ENROLMENT_ANNOTATIONS}/issuer-pending": None,
+                    f"{ENROLMENT_ANNOTATIONS}/issuer-pending-since": None,
+                }
+            }
+        },
+    )
+    return (
+        f"kubectl -n {KCP_NAMESPACE} annotate compassmanagermapping {spec.kyma_name} --overwrite "
+        f"{ENROLMENT_ANNOTATIONS}/issuer-approved={issuer} "
+        f"{ENROLMENT_ANNOTATIONS}/issuer-pending- {ENROLMENT_ANNOTATIONS}/issuer-pending-since-"
+    )
 
 
 def delete_kyma(kcp: TestCluster, spec: RuntimeSpec) -> None:
@@ -261,7 +383,7 @@ def connection_state(cluster: TestCluster) -> str:
     return str(connection(cluster).get("connectionState") or "none")
 
 
-def mapping_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:
+def _mapping(kcp: TestCluster, spec: RuntimeSpec) -> dict[str, Any] | None:
     found = _get(
         kcp.custom.get_namespaced_custom_object,
         *MAPPING[:2],
@@ -269,7 +391,25 @@ def mapping_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:
         MAPPING[2],
         spec.kyma_name,
     )
-    return found is not None
+    return cast(dict[str, Any] | None, found)
+
+
+def mapping_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:
+    return _mapping(kcp, spec) is not None
+
+
+def pending_issuer(kcp: TestCluster, spec: RuntimeSpec) -> str | None:
+    """The issuer the broker recorded as pending on the runtime's mapping, if any."""
+    annotations = ((_mapping(kcp, spec) or {}).get("metadata") or {}).get("annotations") or {}
+    return annotations.get(f"{ENROLMENT_ANNOTATIONS}/issuer-pending") or None
+
+
+def enrolment_event(kcp: TestCluster, spec: RuntimeSpec) -> str | None:
+    """The message of the broker's `EnrolmentPending` Event on the runtime's Kyma."""
+    events = kcp.core.list_namespaced_event(
+        KCP_NAMESPACE, field_selector="reason=EnrolmentPending"
+    ).items
+    return next((str(e.message) for e in events if e.involved_object.name == spec.kyma_name), None)
 
 
 def kyma_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:

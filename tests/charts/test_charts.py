@@ -96,6 +96,35 @@ def test_broker_renders_each_identity_mode(binaries: Binaries, mode: str) -> Non
         assert rule["from"] == [{"namespaceSelector": {}}]
 
 
+def test_broker_byoc_enrolment_is_on_by_default_and_takes_an_issuer_ca(binaries: Binaries) -> None:
+    (default,) = by_kind(
+        render(binaries, "compass-broker", namespace="kcp-system", values=BROKER_REQUIRED),
+        "Deployment",
+    )
+    assert _env(default)["BROKER_BYOC_ENROLMENT"] == "true"
+    assert "BROKER_ISSUER_CA_FILE" not in _env(default)
+    (deployment,) = by_kind(
+        render(
+            binaries,
+            "compass-broker",
+            namespace="kcp-system",
+            values=BROKER_REQUIRED
+            | {"identity.byocEnrolment": "false", "identity.issuerCAConfigMap": "issuer-cas"},
+        ),
+        "Deployment",
+    )
+    env = _env(deployment)
+    assert env["BROKER_BYOC_ENROLMENT"] == "false"
+    pod = deployment["spec"]["template"]["spec"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "issuer-ca"]
+    assert env["BROKER_ISSUER_CA_FILE"] == mount["mountPath"] + "/ca.crt"
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "issuer-ca"]
+    assert volume["configMap"] == {
+        "name": "issuer-cas",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+
+
 def test_xfcc_network_policy_is_the_gateway_alone_and_valid(
     binaries: Binaries, control_plane: TestCluster, namespace_factory: NamespaceFactory
 ) -> None:

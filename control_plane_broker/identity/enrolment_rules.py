@@ -1,0 +1,231 @@
+"""Pure rules of BYOC enrolment: a runtime without a kubeconfig Secret in KCP is trusted through
+its ServiceAccount issuer once an operator approved that issuer (double opt-in).
+
+What always holds:
+
+- The issuer a caller presents is read from the token's *unverified* `iss`, so it is only ever a
+  request to be approved, never a proof. It must be an https URL of bounded length without user
+  info, query or fragment, and the token must otherwise look like an agent's token (our
+  audience, an allowed ServiceAccount, not expired, RS256/ES256 with a key id); anything else is
+  no identity (401) and is not recorded.
+- A token is verified only against the issuer an operator approved, and only when it presents
+  exactly that issuer (string equality, as OIDC compares issuers). Keys are fetched from that
+  issuer's discovery document, whose `issuer` must be the same string and whose `jwks_uri` must
+  be https on the issuer's own host and port: an approval of one origin never sends the broker
+  to another.
+- The first pending issuer stays until an operator approves or clears it: a later caller with
+  another issuer (someone else who knows the runtime ID, or a rebuilt cluster) cannot replace
+  it, so the value an operator checked with the cluster's owner is the value the approval
+  command copies. An approval is never written by the broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import jwt
+
+from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
+from control_plane_broker.identity import claims
+from control_plane_broker.registration.state import (
+    ANNOTATION_ISSUER_APPROVED,
+    ANNOTATION_ISSUER_PENDING,
+    ANNOTATION_ISSUER_PENDING_SINCE,
+)
+
+MAX_ISSUER_CHARS = 512  # cloud issuers are ~100 characters; an annotation value stays small
+ALGORITHMS = frozenset({"RS256", "ES256"})
+DISCOVERY_SUFFIX = "/.well-known/openid-configuration"
+
+
+def issuer_problem(value: object) -> str | None:
+    """Why `value` cannot be an enrolled issuer, or None when it can."""
+    if not isinstance(value, str) or not value:
+        return "no issuer"
+    if len(value) > MAX_ISSUER_CHARS:
+        return f"longer than {MAX_ISSUER_CHARS} characters"
+    if not value.isascii() or any(ch.isspace() or not ch.isprintable() for ch in value):
+        return "not printable ASCII without spaces"
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return "not a URL"
+    checks = (
+        (parts.scheme != "https", "not https"),
+        (not parts.hostname or "@" in parts.netloc, "no host, or user info in the URL"),
+        ("?" in value or "#" in value, "a query or fragment in the URL"),
+        (port == 0, "port 0"),
+    )
+    return next((problem for failed, problem in checks if failed), None)
+
+
+def claimed_issuer(token: str) -> str:
+    """The token's `iss` as written ("" without one), read without verifying anything: only
+    compared with the approved issuer, which is verified next."""
+    try:
+        unverified = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError as exc:
+        raise IdentityNotProven("not a JWT", reason="malformed") from exc
+    issuer = unverified.get("iss")
+    return issuer if isinstance(issuer, str) else ""
+
+
+def presented_issuer(
+    token: str, *, audience: str, allowed: frozenset[tuple[str, str]], now: float
+) -> str:
+    """The issuer an agent's token asks to be enrolled with, read without verifying anything.
+
+    Raises `IdentityNotProven` for anything that is not even a plausible agent token: such a
+    caller is refused as before (401) and leaves no trace on the mapping."""
+    try:
+        header = jwt.get_unverified_header(token)
+        unverified = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError as exc:
+        raise IdentityNotProven("not a JWT", reason="malformed") from exc
+    if header.get("alg") not in ALGORITHMS or not header.get("kid"):
+        raise IdentityNotProven("unsupported signature algorithm or no key id", reason="algorithm")
+    exp = unverified.get("exp")
+    if not isinstance(exp, int | float) or exp <= now:
+        raise IdentityNotProven("the token has expired", reason="expired")
+    aud = unverified.get("aud")
+    listed = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
+    claims.check_audience([a for a in listed if isinstance(a, str)], audience)
+    try:
+        account = claims.parse_service_account(str(unverified.get("sub", "")))
+    except IdentityForbidden as exc:  # unverified: nothing is proven, so no 403 either
+        raise IdentityNotProven("not a ServiceAccount token", reason="not-sa") from exc
+    if account not in allowed:
+        raise IdentityNotProven("not an allowed ServiceAccount", reason="not-sa")
+    issuer = unverified.get("iss")
+    problem = issuer_problem(issuer)
+    if problem is not None:
+        raise IdentityNotProven(
+            f"the token's issuer cannot be enrolled: {problem}", reason="issuer"
+        )
+    assert isinstance(issuer, str)
+    return issuer
+
+
+def discovery_url(issuer: str) -> str:
+    return issuer.rstrip("/") + DISCOVERY_SUFFIX
+
+
+class DiscoveryInvalid(ValueError):
+    """The approved issuer's discovery document breaks the rules above."""
+
+
+def jwks_uri_from_discovery(issuer: str, document: object) -> str:
+    if not isinstance(document, Mapping):
+        raise DiscoveryInvalid("the discovery document is not a JSON object")
+    if document.get("issuer") != issuer:
+        raise DiscoveryInvalid("the discovery document names another issuer")
+    jwks_uri = document.get("jwks_uri")
+    problem = issuer_problem(jwks_uri)
+    if problem is not None:
+        raise DiscoveryInvalid(f"jwks_uri is unusable: {problem}")
+    assert isinstance(jwks_uri, str)
+    mine, theirs = urlsplit(issuer), urlsplit(jwks_uri)
+    if (mine.hostname, mine.port or 443) != (theirs.hostname, theirs.port or 443):
+        raise DiscoveryInvalid("jwks_uri is not on the issuer's host and port")
+    return jwks_uri
+
+
+# --- the decision on one request -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Enrolment:
+    """What the runtime's mapping says: the approved and the pending issuer (either may be
+    missing)."""
+
+    approved: str | None
+    pending: str | None
+
+
+@dataclass(frozen=True)
+class VerifyWith:
+    issuer: str
+
+
+@dataclass(frozen=True)
+class AwaitApproval:
+    presented: str
+    record: bool  # write `presented` as the pending issuer (there is none yet)
+    enrolment: Enrolment
+
+
+def decide(claimed: str, enrolment: Enrolment) -> VerifyWith | None:
+    """Verify against the approved issuer when the token names exactly that one; otherwise
+    nothing is proven and the caller may only ask for approval (`await_approval`)."""
+    if enrolment.approved is not None and claimed == enrolment.approved:
+        return VerifyWith(enrolment.approved)
+    return None
+
+
+def await_approval(presented: str, enrolment: Enrolment) -> AwaitApproval:
+    return AwaitApproval(presented=presented, record=enrolment.pending is None, enrolment=enrolment)
+
+
+def should_record(step: AwaitApproval, *, observed: str, last_written_on: str | None) -> bool:
+    """Whether to write the pending issuer now. `observed` is the mapping's resourceVersion in
+    the view ("" without a mapping); a write is tried at most once per observed version, so a
+    stale view costs one conflicting write, and only a change someone else made (an operator
+    clearing or approving, a registration) lets callers who prove nothing cause another."""
+    return step.record and observed != last_written_on
+
+
+def due(last: float | None, now: float, interval: float) -> bool:
+    """Whether an Event for one runtime may be written now: at most one per `interval` besides
+    the one that goes with a write, so callers with ever new issuers cannot flood the Events."""
+    return last is None or now - last >= interval
+
+
+# --- what the operator is told -------------------------------------------------------------
+
+
+def approve_command(*, namespace: str, name: str, issuer: str) -> str:
+    """The one command that approves `issuer` and clears the pending record with it."""
+    return (
+        f"kubectl -n {namespace} annotate compassmanagermapping {name} --overwrite "
+        f"{ANNOTATION_ISSUER_APPROVED}={issuer} "
+        f"{ANNOTATION_ISSUER_PENDING}- {ANNOTATION_ISSUER_PENDING_SINCE}-"
+    )
+
+
+def clear_command(*, namespace: str, name: str) -> str:
+    return (
+        f"kubectl -n {namespace} annotate compassmanagermapping {name} "
+        f"{ANNOTATION_ISSUER_PENDING}- {ANNOTATION_ISSUER_PENDING_SINCE}-"
+    )
+
+
+def event_message(step: AwaitApproval, *, namespace: str, name: str) -> str:
+    pending = step.presented if step.record else step.enrolment.pending
+    changed = (
+        f" (the approved issuer is {step.enrolment.approved}; a changed issuer needs a new "
+        "approval)"
+        if step.enrolment.approved
+        else ""
+    )
+    if pending == step.presented:
+        return (
+            f"ServiceAccount issuer {step.presented} awaits approval for this runtime{changed}. "
+            "Check with the cluster's owner that it is their cluster's issuer, then: "
+            + approve_command(namespace=namespace, name=name, issuer=step.presented)
+        )
+    return (
+        f"ServiceAccount issuer {step.presented} asks to be enrolled for this runtime, but "
+        f"issuer {pending} is already pending{changed}. Approve the one the cluster's owner "
+        f"confirms ({approve_command(namespace=namespace, name=name, issuer='<issuer>')}), "
+        f"or clear the pending one: {clear_command(namespace=namespace, name=name)}"
+    )
+
+
+def refusal_detail(step: AwaitApproval) -> str:
+    return (
+        f"the ServiceAccount issuer {step.presented} is not approved for this runtime; "
+        "an operator of the control plane must approve it"
+    )
