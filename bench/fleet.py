@@ -66,7 +66,12 @@ def outcome_label(outcome: Outcome) -> str:
     if isinstance(outcome, Refused):
         return f"{outcome.status} {outcome.reason.rsplit(':', 1)[-1]}"
     if outcome.status is None:
-        return "transport error" if outcome.reason.startswith("transport") else outcome.reason
+        if outcome.reason.startswith("transport"):
+            # The kind tells a timeout (the broker held the request too long) from a refused
+            # or dropped connection (the listen backlog, a closed keep-alive connection).
+            kind = outcome.reason.partition(":")[2].strip()
+            return f"transport error {kind}" if kind else "transport error"
+        return outcome.reason
     slug = outcome.reason.rsplit(":", 1)[-1] if outcome.reason.startswith("urn:") else ""
     return f"{outcome.status} {slug}".strip()
 

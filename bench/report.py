@@ -876,11 +876,16 @@ def findings(report: BenchReport) -> list[str]:
         if busy:
             kinds = ", ".join(f"{k}: {v:,}" for k, v in sorted(busy.items()))
             out.append(f"{name}: the agents got {sum(busy.values()):,} 503 answers ({kinds}).")
-        timeouts = r.attempts.get("transport error", 0)
-        if timeouts:
+        transport = {k: v for k, v in r.attempts.items() if k.startswith("transport error")}
+        if transport:
+            kinds = ", ".join(
+                f"{k.removeprefix('transport error').strip() or 'unknown'} {v:,}"
+                for k, v in sorted(transport.items())
+            )
             out.append(
-                f"{name}: {timeouts:,} agent requests ended in a transport error: the agent's "
-                "own 30 s timeout (the broker took longer to answer) or a refused connection."
+                f"{name}: {sum(transport.values()):,} agent requests ended in a transport error "
+                f"({kinds}): a timeout is the agent's own 30 s limit (the broker took longer to "
+                "answer); a connect or protocol error a refused or dropped connection."
             )
         if r.integrity.duplicates:
             out.append(f"{name}: {r.integrity.duplicates} DUPLICATE registration(s).")

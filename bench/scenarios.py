@@ -628,8 +628,8 @@ class Bench:
                 try:
                     response = await http.post(f"/v1/runtimes/{runtime_id}/token", headers=headers)
                     status = str(response.status_code)
-                except httpx.TransportError:  # counted, as an agent would see it
-                    status = "transport error"
+                except httpx.TransportError as exc:  # counted, as an agent would see it
+                    status = f"transport error {type(exc).__name__}"
                 windows.append((started, time.time()))
                 statuses[status] += 1
 

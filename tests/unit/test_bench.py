@@ -124,7 +124,10 @@ def test_outcome_labels_name_status_and_problem_type() -> None:
     assert outcome_label(Temporary(reason=prefix + "compass-unavailable", status=503)) == (
         "503 compass-unavailable"
     )
-    assert outcome_label(Temporary(reason="transport: ConnectError")) == "transport error"
+    assert (
+        outcome_label(Temporary(reason="transport: ConnectError")) == "transport error ConnectError"
+    )
+    assert outcome_label(Temporary(reason="transport")) == "transport error"
     assert outcome_label(Refused(status=409, reason=prefix + "module-not-enabled")) == (
         "409 module-not-enabled"
     )
