@@ -276,7 +276,7 @@ def _mapping(
         tenant="ga",
         runtime_id="RT-1",
         shoot="c-1",
-        raw={"metadata": {"name": "rt-1", "resourceVersion": "7"}},
+        document=b'{"metadata": {"name": "rt-1", "resourceVersion": "7"}}',
     )
 
 
@@ -599,3 +599,16 @@ def test_redact_masks_jwts_and_bearer_values() -> None:
     out = redact(text)
     assert "eyJhbGciOiJSUzI1NiJ9" not in out
     assert "s3cr3t" not in out
+
+
+def test_a_mapping_keeps_the_whole_object_and_hands_out_copies() -> None:
+    obj = {
+        "metadata": {"name": "rt-1", "resourceVersion": "7", "labels": {"x": "y"}},
+        "spec": {"unknown": {"nested": [1, 2]}},
+        "status": {"conditions": [{"type": "Registered", "status": "True"}]},
+    }
+    mapping = state.Mapping.from_object(obj)
+    first = mapping.raw
+    assert first == obj
+    first["spec"]["unknown"]["nested"].append(3)  # a writer changes its copy ...
+    assert mapping.raw == obj  # ... never the cached mapping
