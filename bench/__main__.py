@@ -32,7 +32,7 @@ from agent.retry import Jitter, RetryPolicy, next_delay
 from bench import report as report_mod
 from bench.jsonout import to_json
 from bench.keys import RuntimeKey, new_runtime_keys
-from bench.plan import ALL_SCENARIOS, describe, fleet_runs
+from bench.plan import ALL_SCENARIOS, OTHER_SCENARIOS, describe, fleet_runs
 from bench.procs import Child, python_child
 from bench.progress import Progress
 from bench.results import BenchReport, Machine, Plan
@@ -166,6 +166,24 @@ e.g. `--sizes 100 --scenarios cold,outage`.""",
         help="registered runtimes in the steady-state scenario (default 400)",
     )
     add("--callers", type=int, default=200, help="concurrent callers in steady state (200)")
+    add(
+        "--report-runtimes",
+        type=int,
+        default=5000,
+        help="registered runtimes sending connection reports in the reports scenario (5000)",
+    )
+    add(
+        "--report-heartbeat",
+        type=float,
+        default=300.0,
+        help="the agents' report heartbeat the reports scenario plays, s (300)",
+    )
+    add(
+        "--report-window",
+        type=float,
+        default=60.0,
+        help="how long the reports scenario measures, s (60)",
+    )
     add("--idle", type=float, default=60.0, help="agent idle time in the footprint, s (60)")
     add(
         "--fleet-processes",
@@ -229,6 +247,9 @@ def plan_from(args: argparse.Namespace) -> Plan:
         replicas=args.replicas,
         steady_runtimes=args.steady_runtimes,
         steady_callers=args.callers,
+        report_runtimes=args.report_runtimes,
+        report_heartbeat=args.report_heartbeat,
+        report_window=args.report_window,
         fleet_processes=args.fleet_processes,
         max_run_seconds=args.max_run_seconds,
         scenarios=args.scenarios,
@@ -411,7 +432,7 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Ben
     try:
         crds = [*kyma_crds(), *sorted((REPO_ROOT / "charts/compass-broker/crds").glob("*.yaml"))]
         await asyncio.to_thread(kcp_cluster.apply_crds, crds)
-        needed = max([*(r.n for r in runs), plan.steady_runtimes, 1])
+        needed = max([*(r.n for r in runs), plan.steady_runtimes, plan.report_runtimes, 1])
         progress.say(f"generating {needed} runtime signing keys")
         keys = new_runtime_keys(needed)
         jwks, template = start_jwks(keys, workdir)
@@ -434,6 +455,9 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Ben
             save()
         if "steady" in args.scenarios:
             report.steady = await bench.steady()
+            save()
+        if "reports" in args.scenarios:
+            report.reports = await bench.reports()
             save()
         for spec in runs:
             if spec.identity_mode == "tokenreview" and bench.runtime_clusters is None:
@@ -472,6 +496,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("--replica-sizes",): ("replica_sizes", QUICK_SIZES),
             ("--outage", "-t"): ("outage", 10.0),
             ("--steady-runtimes",): ("steady_runtimes", 60),
+            ("--report-runtimes",): ("report_runtimes", 200),
+            ("--report-window",): ("report_window", 10.0),
             ("--idle",): ("idle", 5.0),
         }
         for flags, (name, value) in defaults.items():
@@ -483,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plan:
         plan = plan_from(args)
         runs = fleet_runs(plan, args.scenarios, profile=args.profile)
-        other = tuple(s for s in args.scenarios if s in ("steady", "footprint"))
+        other = tuple(s for s in args.scenarios if s in OTHER_SCENARIOS)
         print("\n".join(describe(plan, runs, other=other)))
         return 0
     if args.out_dir is not None:

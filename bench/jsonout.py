@@ -131,6 +131,24 @@ def to_json(report: BenchReport) -> dict[str, Any]:
             _steady_phase(s, "concurrent", s.issued),
             _steady_phase(s, "breaker-open", s.rejected),
         ]
+    rp = report.reports
+    if rp is not None:
+        runs.append(
+            {
+                "scenario": "reports",
+                "n": rp.runtimes,
+                "heartbeat_seconds": _r(rp.heartbeat_seconds),
+                "window_seconds": _r(rp.window_seconds),
+                "reports": rp.reports,
+                "statuses": dict(rp.statuses),
+                "warmup_writes": rp.warmup_writes,
+                "broker_cpu_seconds": _r(rp.broker_cpu_seconds),
+                "broker_cpu_share": _r(rp.cpu_share, 5),
+                "kcp_writes": rp.writes,
+                "kcp_writes_per_second": _r(rp.writes_per_second),
+                "kcp_requests": dict(rp.kcp.by_request),
+            }
+        )
     fp = report.footprint
     if fp is not None:
         runs.append(

@@ -15,7 +15,7 @@ from bench import stats
 from bench.results import Plan
 
 FLEET_SCENARIOS = ("cold", "outage", "legacy", "identity", "replicas")
-OTHER_SCENARIOS = ("steady", "footprint")
+OTHER_SCENARIOS = ("steady", "reports", "footprint")
 ALL_SCENARIOS = (*FLEET_SCENARIOS, *OTHER_SCENARIOS)
 SETUP_SECONDS_PER_RUN = 15.0  # simulator, broker start, namespace (measured: 8 to 15 s)
 SEED_SECONDS_PER_RUNTIME = 0.006  # Kyma CRs (and Secrets) created at 24 at a time
@@ -114,6 +114,12 @@ def describe(plan: Plan, runs: list[RunSpec], *, other: tuple[str, ...]) -> list
         fixed += 120.0 + plan.steady_runtimes * 0.1
         lines.append(
             f"steady state ({plan.steady_runtimes} runtimes, {plan.steady_callers} callers)"
+        )
+    if "reports" in other:
+        fixed += 60.0 + plan.report_runtimes * 0.02 + plan.report_window
+        lines.append(
+            f"connection reports ({plan.report_runtimes} registered runtimes, "
+            f"{plan.report_heartbeat:.0f} s heartbeat, {plan.report_window:.0f} s measured)"
         )
     if "footprint" in other:
         fixed += 90.0

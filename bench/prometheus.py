@@ -75,6 +75,12 @@ class KcpRequests:
         return total
 
     @property
+    def writes(self) -> int:
+        """Every request that changes something (the API server's write verbs)."""
+        verbs = ("POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE")
+        return sum(c for key, c in self.by_request.items() if key.partition(" ")[0] in verbs)
+
+    @property
     def events_created(self) -> int:
         return self._events(("POST", "CREATE"))
 

@@ -25,6 +25,8 @@ TOKENS_PER_SECOND_TARGET = 300.0
 TOKEN_CPU_TARGET_MS = 5.0
 REJECT_CPU_TARGET_MS = 1.0
 KCP_PER_TOKEN_TARGET = 1.0
+REPORT_CPU_SHARE_TARGET = 0.05  # of one core, N = 5,000 at a 5-minute heartbeat (issue 13)
+REPORT_WRITES_TARGET = 2.0  # KCP writes per second, same
 BROKER_RSS_TARGET_MB = 250.0
 RSS_TARGET_N = 5000
 AGENT_RSS_TARGET_MB = 80.0
@@ -194,6 +196,7 @@ def verdicts(report: BenchReport) -> list[Verdict]:
     else:
         out.append(Verdict(target, "—", "not measured"))
     out += _steady_verdicts(report)
+    out += _reports_verdicts(report)
     for run in sorted(
         (r for r in report.runs if table_of(plan, r) == "identity"), key=lambda r: r.n
     ):
@@ -277,6 +280,32 @@ def _one_replica(report: BenchReport, run: FleetRunResult) -> FleetRunResult | N
         ),
         None,
     )
+
+
+def _reports_verdicts(report: BenchReport) -> list[Verdict]:
+    r = report.reports
+    target = (
+        f"Connection reports (issue 13), N = {report.plan.report_runtimes:,} at a "
+        f"{report.plan.report_heartbeat / 60:.0f}-minute heartbeat: broker CPU < "
+        f"{REPORT_CPU_SHARE_TARGET * 100:.0f} % of a core and < {REPORT_WRITES_TARGET:.0f} KCP "
+        "writes/s"
+    )
+    if r is None:
+        return [Verdict(target, "—", "not measured")]
+    accepted = r.statuses.get("202", 0)
+    return [
+        Verdict(
+            target,
+            f"{r.cpu_share * 100:.2f} % of a core, {r.writes_per_second:.2f} writes/s "
+            f"({r.reports:,} reports from {r.runtimes:,} runtimes in {r.window_seconds:.0f} s, "
+            f"{accepted:,} answered 202)",
+            _met(
+                r.cpu_share < REPORT_CPU_SHARE_TARGET
+                and r.writes_per_second < REPORT_WRITES_TARGET
+                and accepted == r.reports > 0
+            ),
+        )
+    ]
 
 
 def _steady_verdicts(report: BenchReport) -> list[Verdict]:
@@ -674,7 +703,9 @@ def render(report: BenchReport) -> str:
     lines += _table(CPU_HEADER, _cpu_rows(report.runs)) if report.runs else ["Not run."]
     lines += ["", "## 8. Profile", ""]
     lines += _profile_section(report)
-    lines += ["", "## 9. Agent footprint", ""]
+    lines += ["", "## 9. Connection reports", ""]
+    lines += _reports_section(report)
+    lines += ["", "## 10. Agent footprint", ""]
     fp = report.footprint
     if fp is not None:
         lines += [
@@ -729,6 +760,41 @@ def _one_replica_jwks(report: BenchReport, run: FleetRunResult) -> FleetRunResul
         ),
         None,
     )
+
+
+def _reports_section(report: BenchReport) -> list[str]:
+    r = report.reports
+    if r is None:
+        return ["Not run."]
+    lines = [
+        f"{r.runtimes:,} runtimes registered for real, each reported once (its state new: "
+        f"{r.warmup_writes:,} KCP writes for that first round); then the recorded report times "
+        "were spread as a fleet's are in steady state (age uniform up to the broker's refresh "
+        "interval plus half a heartbeat), and for the window below the runtimes reported in "
+        f"turn at N / heartbeat = {r.runtimes / r.heartbeat_seconds:.1f} reports/s with their "
+        "state unchanged: the broker writes only a report whose record is older than the "
+        "refresh interval. Broker CPU from /proc; KCP requests from the API server's metrics.",
+        "",
+    ]
+    writes = {
+        k: v
+        for k, v in sorted(r.kcp.by_request.items())
+        if k.partition(" ")[0] in ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+    }
+    lines += _table(
+        ["reports", "answers", "window (s)", "broker CPU (% of a core)", "KCP writes/s", "writes"],
+        [
+            [
+                f"{r.reports:,}",
+                ", ".join(f"{k}: {v:,}" for k, v in sorted(r.statuses.items())),
+                f"{r.window_seconds:.0f}",
+                f"{r.cpu_share * 100:.2f}",
+                f"{r.writes_per_second:.2f}",
+                ", ".join(f"{k} {v:,}" for k, v in writes.items()) or "none",
+            ]
+        ],
+    )
+    return lines
 
 
 def _steady_section(report: BenchReport) -> list[str]:

@@ -172,6 +172,36 @@ class SteadyResult:
 
 
 @dataclass(frozen=True)
+class ReportsResult:
+    """Registered runtimes reporting their connection at the agents' heartbeat (issue 13)."""
+
+    runtimes: int
+    heartbeat_seconds: float
+    window_seconds: float  # measured
+    warmup_writes: int  # KCP writes of the first round (every runtime's state is new)
+    statuses: dict[str, int]  # answers in the window
+    broker_cpu_seconds: float  # in the window
+    kcp: KcpRequests  # the broker's KCP requests in the window
+
+    @property
+    def reports(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def cpu_share(self) -> float:
+        """Broker CPU as a share of one core over the window."""
+        return self.broker_cpu_seconds / self.window_seconds if self.window_seconds else 0.0
+
+    @property
+    def writes(self) -> int:
+        return self.kcp.writes
+
+    @property
+    def writes_per_second(self) -> float:
+        return self.writes / self.window_seconds if self.window_seconds else 0.0
+
+
+@dataclass(frozen=True)
 class FootprintResult:
     idle_seconds: float
     cpu_seconds: float
@@ -211,6 +241,9 @@ class Plan:
     replicas: int
     steady_runtimes: int
     steady_callers: int
+    report_runtimes: int
+    report_heartbeat: float
+    report_window: float
     fleet_processes: int
     max_run_seconds: float
     scenarios: tuple[str, ...] = ()
@@ -224,6 +257,7 @@ class BenchReport:
     notes: list[str] = field(default_factory=list)
     runs: list[FleetRunResult] = field(default_factory=list)
     steady: SteadyResult | None = None
+    reports: ReportsResult | None = None
     footprint: FootprintResult | None = None
     profile: ProfileSummary | None = None
     plots: dict[str, str] = field(default_factory=dict)  # scenario -> file name

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
+import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,7 @@ from bench.results import (
     Integrity,
     LatencyFigures,
     Plan,
+    ReportsResult,
     SteadyResult,
 )
 from bench.stack import (
@@ -69,6 +73,11 @@ BREAKER_GAUGE = "broker_circuit_breaker_open"
 TOKEN = "requestOneTimeTokenForRuntime"
 REGISTER_BATCH = 50  # steady state registers its runtimes in batches (not a cold start)
 TOKEN_SLACK_SECONDS = 3600  # tokens stay valid this long after a run's deadline
+REPORT_BATCH = 500  # the reports scenario registers its runtimes in batches of this size
+REPORT_SENDERS = 50  # concurrent senders of connection reports
+# The broker's default BROKER_REPORT_REFRESH_SECONDS: a report that changes nothing is written
+# only when the recorded one is older than this (read from the broker's settings if present).
+DEFAULT_REPORT_REFRESH_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -678,6 +687,67 @@ class Bench:
         )
         return LoadPhase(figures=figures, started_wall=started, ended_wall=ended)
 
+    # -- connection reports (issue 13) ------------------------------------------------------
+
+    async def reports(self) -> ReportsResult:
+        """Registered runtimes send connection reports at the agents' heartbeat.
+
+        The runtimes are registered for real first (in batches, Director answering at once),
+        then each reports once (its state is new: the broker writes it). Then the recorded
+        report times are spread as a fleet's are in steady state (age uniform between 0 and
+        the broker's refresh interval plus half a heartbeat), and for `report_window` seconds
+        the runtimes report in turn at the rate N / heartbeat with the state unchanged: what the
+        broker spends then, in CPU and KCP writes, is what a fleet of N costs it."""
+        plan = self.plan
+        spec = RunSpec("reports", plan.report_runtimes, 0.0)
+        tokens = await self.tokens_for(spec, self.keys[: spec.n])
+        async with self.stack(spec, capacity=plan.capacity) as run:
+            agents = self.agents(run, tokens)
+            ids: list[str] = []
+            for first in range(0, len(agents), REPORT_BATCH):
+                part = agents[first : first + REPORT_BATCH]
+                self.progress.say(f"reports: registering {first + len(part)}/{len(agents)}")
+                batch = RunSpec("cold", len(part), 0.0)
+                measured = await self._fleet(run, part, deadline=planning.deadline(plan, batch))
+                ids += list(measured.fleet.connected_at)
+            url = run.brokers[0].url
+            kcp_before = await self.kcp.request_counts()
+            warmup = await send_reports(url, tokens, ids, rate=None)
+            kcp_after = await self.kcp.request_counts()
+            warmup_writes = KcpRequests(delta(kcp_before, kcp_after)).writes
+            self.progress.say(f"reports: first round {dict(warmup)}, {warmup_writes} KCP writes")
+            refresh = broker_report_refresh_seconds()
+            spread = await self.kcp.spread_report_ages(
+                run.namespace, [i.lower() for i in ids], oldest=refresh + plan.report_heartbeat / 2
+            )
+            if not spread:
+                self.progress.say("reports: no status.connection.lastReportAt to spread")
+            await asyncio.sleep(5.0)  # the broker has seen those status changes
+            order = random.Random(7).sample(ids, len(ids))
+            count = max(1, int(len(ids) * plan.report_window / plan.report_heartbeat))
+            jobs = [order[i % len(order)] for i in range(count)]
+            cpu_before = sample(run.brokers[0].pid).cpu_seconds
+            kcp_before = await self.kcp.request_counts()
+            started = time.monotonic()
+            statuses = await send_reports(url, tokens, jobs, rate=len(ids) / plan.report_heartbeat)
+            window = time.monotonic() - started
+            kcp_after = await self.kcp.request_counts()
+            cpu = sample(run.brokers[0].pid).cpu_seconds - cpu_before
+        result = ReportsResult(
+            runtimes=len(ids),
+            heartbeat_seconds=plan.report_heartbeat,
+            window_seconds=window,
+            warmup_writes=warmup_writes,
+            statuses=dict(statuses),
+            broker_cpu_seconds=cpu,
+            kcp=KcpRequests(delta(kcp_before, kcp_after)),
+        )
+        self.progress.say(
+            f"reports: {result.reports} in {window:.0f} s {dict(statuses)}, broker "
+            f"{result.cpu_share * 100:.1f} % of a core, {result.writes_per_second:.2f} KCP writes/s"
+        )
+        return result
+
     # -- agent footprint ------------------------------------------------------------------
 
     async def footprint(self, runtime_cluster: Any) -> FootprintResult:
@@ -703,6 +773,62 @@ class LoadPhase:
     figures: LatencyFigures
     started_wall: float
     ended_wall: float
+
+
+def broker_report_refresh_seconds() -> float:
+    try:
+        from control_plane_broker.settings import Settings  # noqa: PLC0415 (optional field)
+    except ImportError:
+        return DEFAULT_REPORT_REFRESH_SECONDS
+    field_info = Settings.model_fields.get("report_refresh_seconds")
+    default = getattr(field_info, "default", None)
+    return float(default) if isinstance(default, int | float) else DEFAULT_REPORT_REFRESH_SECONDS
+
+
+def connection_report(token: str) -> dict[str, Any]:
+    """What an agent whose runtime is connected reports (the same every time: no change)."""
+    return {
+        "connectionState": "Connected",
+        "certificateNotAfter": "2027-06-01T00:00:00Z",
+        "tokenSha256": hashlib.sha256(token.encode()).hexdigest(),
+        "observedAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+async def send_reports(
+    url: str, tokens: dict[str, str], jobs: Sequence[str], *, rate: float | None
+) -> Counter[str]:
+    """One connection report per job (a runtime ID), `REPORT_SENDERS` at a time; with `rate`,
+    job i is not sent before i / rate seconds (a heartbeat spread over the fleet)."""
+    statuses: Counter[str] = Counter()
+    queue: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+    for item in enumerate(jobs):
+        queue.put_nowait(item)
+    started = time.monotonic()
+    limits = httpx.Limits(max_connections=REPORT_SENDERS, max_keepalive_connections=REPORT_SENDERS)
+
+    async def sender(http: httpx.AsyncClient) -> None:
+        while True:
+            try:
+                index, runtime_id = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            if rate is not None:
+                await asyncio.sleep(max(0.0, started + index / rate - time.monotonic()))
+            token = tokens[runtime_id]
+            try:
+                response = await http.post(
+                    f"/v1/runtimes/{runtime_id}/connection",
+                    headers={"Authorization": f"Bearer {token}"},
+                    json=connection_report(token),
+                )
+                statuses[str(response.status_code)] += 1
+            except httpx.TransportError as exc:
+                statuses[f"transport error {type(exc).__name__}"] += 1
+
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
+        await asyncio.gather(*(sender(http) for _ in range(REPORT_SENDERS)))
+    return statuses
 
 
 def _own_cpu() -> float:

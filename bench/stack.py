@@ -15,12 +15,13 @@ import asyncio
 import base64
 import contextlib
 import os
+import random
 import secrets
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ GROUP = "operator.kyma-project.io"
 CLIENT_ID = "bench-broker"
 MODULE = "application-connector"
 RUNTIMES_PER_GLOBAL_ACCOUNT = 10
+RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
 
 
 # --- API servers: the control plane (KCP) and runtimes ------------------------------------------
@@ -161,6 +163,32 @@ class ApiServer:
             response = await http.get("/metrics")
             response.raise_for_status()
             return parse_request_counts(response.text)
+
+    async def spread_report_ages(
+        self, namespace: str, names: Sequence[str], *, oldest: float, concurrency: int = 24
+    ) -> bool:
+        """Sets each mapping's recorded `status.connection.lastReportAt` to a time between now and
+        `oldest` seconds ago (uniform), as a fleet's are in steady state. False (nothing
+        written) when the mappings carry no recorded report."""
+        base = f"/apis/{GROUP}/v1beta1/namespaces/{namespace}/compassmanagermappings"
+        ages = random.Random(11)
+        now = time.time()
+        gate = asyncio.Semaphore(concurrency)
+        async with self.client() as kube:
+            if not names:
+                return False
+            first = await kube.get(f"{base}/{names[0]}")
+            if not ((first.get("status") or {}).get("connection") or {}).get("lastReportAt"):
+                return False
+
+            async def one(name: str) -> None:
+                at = datetime.fromtimestamp(now - ages.uniform(0.0, oldest), UTC)
+                body = {"status": {"connection": {"lastReportAt": at.strftime(RFC3339)}}}
+                async with gate:
+                    await kube.merge_patch(f"{base}/{name}/status", body)
+
+            await asyncio.gather(*(one(name) for name in names))
+        return True
 
     async def mappings(self, namespace: str) -> list[dict[str, Any]]:
         async with self.client() as kube:

@@ -16,6 +16,7 @@ from bench.results import (
     LatencyFigures,
     Machine,
     Plan,
+    ReportsResult,
     SteadyResult,
 )
 
@@ -32,6 +33,9 @@ PLAN = Plan(
     replicas=2,
     steady_runtimes=400,
     steady_callers=200,
+    report_runtimes=5000,
+    report_heartbeat=300.0,
+    report_window=60.0,
     fleet_processes=1,
     max_run_seconds=1800.0,
     scenarios=ALL_SCENARIOS,
@@ -136,6 +140,8 @@ def a_report(
     overhead_p99: float = 8.0,
     rss_mb: float = 50.0,
     window: int = 1,
+    report_cpu: float = 1.2,
+    report_writes: int = 84,
 ) -> BenchReport:
     r = BenchReport(
         command="python -m bench",
@@ -162,6 +168,15 @@ def a_report(
         director_p50_ms=0.5,
         director_p99_ms=1.0,
         broker_rss_peak_bytes=90 * 1024 * 1024,
+    )
+    r.reports = ReportsResult(
+        runtimes=5000,
+        heartbeat_seconds=300.0,
+        window_seconds=60.0,
+        warmup_writes=5000,
+        statuses={"202": 1000},
+        broker_cpu_seconds=report_cpu,
+        kcp=KcpRequests({"PATCH compassmanagermappings": report_writes, "GET leases": 12}),
     )
     r.footprint = FootprintResult(
         idle_seconds=60,

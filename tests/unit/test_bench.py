@@ -303,6 +303,10 @@ def test_verdicts_follow_the_figures() -> None:
     assert _status(good, "Cold start N = 5,000") == "not measured"  # not in this run
     assert _status(good, "Broker peak RSS at N = 5,000") == "not measured"
 
+    assert _status(good, "Connection reports (issue 13), N = 5,000") == "met"  # 2 %, 1.4/s
+    assert _status(a_report(report_cpu=3.1), "Connection reports") == "not met"  # 5.2 %
+    assert _status(a_report(report_writes=121), "Connection reports") == "not met"  # 2.02/s
+
     bad = a_report(ratio=1.3, calls=2.1, overhead_p99=12.0, rss_mb=90, window=2)
     assert _status(bad, "Cold start N = 1,000") == "not met"
     assert _status(bad, "Outage recovery N = 1,000") == "not met"
@@ -324,6 +328,7 @@ def test_missing_scenarios_are_not_measured_rather_than_met() -> None:
     r = a_report()
     r.runs.clear()
     r.steady = None
+    r.reports = None
     r.footprint = None
     statuses = {v.target: v.status for v in report.verdicts(r)}
     assert statuses["Steady state (registered runtimes, Director answering at once)"] == (
@@ -405,7 +410,7 @@ def test_the_json_has_exactly_the_documented_shape() -> None:
     by_scenario: dict[str, list[dict[str, object]]] = {}
     for run in data["runs"]:
         by_scenario.setdefault(str(run["scenario"]), []).append(run)
-    assert set(by_scenario) == {"cold", "outage", "steady", "footprint"}
+    assert set(by_scenario) == {"cold", "outage", "steady", "reports", "footprint"}
     for scenario, records in by_scenario.items():
         expected = doc[f"Runs with `scenario` = `{scenario}`"]
         for record in records:
@@ -432,5 +437,9 @@ def test_the_json_has_exactly_the_documented_shape() -> None:
         "concurrent",
         "breaker-open",
     }
+    (reports,) = by_scenario["reports"]
+    assert reports["kcp_writes"] == 84
+    assert reports["kcp_writes_per_second"] == 1.4
+    assert reports["broker_cpu_share"] == 0.02
     assert data["commit"] == "abc1234"
     json.dumps(data)  # plain JSON all the way down
