@@ -56,9 +56,10 @@ async def test_a_revoked_connected_runtime_stops_rechecks_slowly_and_comes_back(
     assert REASON in events[0].message
     assert events[0].involved_object.kind == "Kyma"
     assert revoked_gauge(agent) == 1
-    ready, why = agent.ready()
-    assert ready
-    assert why == f"runtime-revoked: {REASON}"
+    # Ready, with the reason in the body (the next loop turn plans on the revocation).
+    await eventually(
+        lambda: agent.ready() == (True, f"runtime-revoked: {REASON}"), what="ready, revoked"
+    )
 
     # A bounded window of 10 s: re-checks every 3 s ± 20 % are 2 to 4 token requests, each at
     # least 2.4 s after the one before; no report at all.
@@ -119,7 +120,7 @@ async def test_a_token_request_answered_runtime_revoked_is_asked_again_only_slow
     assert len(broker.reports) <= 1
     assert agent_env.secret() is None
     assert revoked_gauge(agent) == 1
-    assert agent.ready()[0]
+    assert agent.ready() == (True, f"runtime-revoked: {REASON}")
 
     broker.revoked = None
     await eventually(
