@@ -370,15 +370,15 @@ class Reconciler:
         if plan.reason is Reason.NO_BROKER_URL:
             problems = "; ".join(self.landscape_problems)
             return False, "broker URL unknown" + (f" ({problems})" if problems else "")
-        if plan.reason is Reason.RUNTIME_REVOKED and self._revocation is not None:
-            # Ready: the agent works and does what the control plane told it; the module going
-            # red would point the customer at the agent instead of at the revocation.
-            return True, f"{plan.reason}: {self._revocation.detail[:DETAIL_CHARS]}"
         if self._unreachable_streak >= UNREACHABLE_AFTER:
             return False, (
                 f"no answer from the broker in {self._unreachable_streak} attempts "
                 f"(last: {self._unanswered_reason})"
             )
+        if plan.reason is Reason.RUNTIME_REVOKED and self._revocation is not None:
+            # Ready: the agent works and does what the control plane told it; the module going
+            # red would point the customer at the agent instead of at the revocation.
+            return True, f"{plan.reason}: {self._revocation.detail[:DETAIL_CHARS]}"
         return True, str(plan.reason)
 
     def _count(self, outcome: Outcome) -> None:
@@ -507,21 +507,32 @@ class Reconciler:
             if isinstance(outcome, Refused) and outcome.revoked:
                 self._set_revocation(outcome, kyma)
                 return
-            retry_after = outcome.retry_after if isinstance(outcome, Temporary) else None
-            self._schedule = reports.after_failure(
-                self._schedule, now=now, policy=self._policy, retry_after=retry_after, rng=self._rng
+            self._report_failed(
+                status=outcome.status,
+                reason=outcome.reason,
+                retry_after=outcome.retry_after if isinstance(outcome, Temporary) else None,
             )
-            again_at = self._schedule.not_before or now
-            log.info(
-                "connection report not accepted, will retry",
-                extra={
-                    "status": outcome.status,
-                    "reason": outcome.reason,
-                    "retry_in": round((again_at - now).total_seconds(), 2),
-                },
-            )
+        except Exception as e:
+            # Never expected; but without a backoff recorded the next turn would send at once.
+            log.exception("connection report failed")
+            self._report_failed(status=None, reason=type(e).__name__, retry_after=None)
         finally:
             self._wake.set()
+
+    def _report_failed(self, *, status: int | None, reason: str, retry_after: float | None) -> None:
+        now = self._clock()
+        self._schedule = reports.after_failure(
+            self._schedule, now=now, policy=self._policy, retry_after=retry_after, rng=self._rng
+        )
+        again_at = self._schedule.not_before or now
+        log.info(
+            "connection report not accepted, will retry",
+            extra={
+                "status": status,
+                "reason": reason,
+                "retry_in": round((again_at - now).total_seconds(), 2),
+            },
+        )
 
     async def _write(self, issued: Issued) -> None:
         s = self._settings
