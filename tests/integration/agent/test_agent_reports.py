@@ -105,7 +105,7 @@ async def test_heartbeat_repeats_an_unchanged_state_at_the_shorter_period_with_j
     )
     between = [b.at - a.at for a, b in pairwise(beats[:5])]
     # 2 s ± 20 %, plus the time a loop turn and a request take on a busy machine.
-    assert all(1.5 <= gap <= 3.2 for gap in between), between
+    assert all(1.5 <= gap <= 3.5 for gap in between), between
 
 
 async def test_rate_limited_reports_honour_retry_after_and_never_delay_the_token(
