@@ -140,3 +140,31 @@ async def test_a_hanging_report_does_not_delay_the_token(
     await eventually(agent_env.secret_data, within=5, what="the token while the report hangs")
     assert all(s.status == 0 for s in broker.reports)  # still unanswered
     assert len(broker.reports) == 1  # one report in flight at a time
+
+
+async def test_an_odd_compass_connection_is_reported_within_the_contract(
+    agent_env: AgentEnv, broker: ContractBroker
+) -> None:
+    await agent_env.start(agent_env.settings(broker.url, broker_ca_bundle=broker.ca_file))
+    await enabled_with_token(agent_env)
+    # The published CRD accepts any string: an unknown state and a 200,000-character error,
+    # mostly four-byte characters, with control characters in it.
+    set_connection(agent_env, "Reticulating", error="\x1b[31m" + "😀" * 50_000 + "x" * 50_000)
+    reported = await eventually(
+        lambda: [
+            s for s in broker.reports if s.body and s.body.get("lastError", "").startswith(" ")
+        ],
+        what="the odd state reported",
+    )
+    body = reported[0].body
+    assert reported[0].status == 202  # the contract broker's strict check let it through
+    assert body is not None
+    assert body["connectionState"] == "NotFound"
+    assert 0 < len(body["lastError"]) <= 1024
+    assert all(s.status == 202 for s in broker.reports)
+    # And the agent carries on: a real state afterwards is reported as usual.
+    set_connection(agent_env, "Connected")
+    await eventually(
+        lambda: broker.accepted_reports(connectionState="Connected", tokenSha256=sha256("ott-1")),
+        what="Connected after the odd state",
+    )
