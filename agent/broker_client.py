@@ -1,8 +1,11 @@
-"""The agent's client of the control-plane broker: `POST {broker}/v1/runtimes/{id}/token`.
+"""The agent's client of the control-plane broker: `POST {broker}/v1/runtimes/{id}/token` and
+`POST {broker}/v1/runtimes/{id}/connection` (connection reports), with the same identity, TLS
+and timeouts.
 
 Every answer becomes one typed outcome (`agent.outcomes`), translated here and nowhere else:
 
     201 + token JSON                          → Issued
+    2xx to a report                           → Accepted(nextReportAfterSeconds, if usable)
     401, 403, 404, 409 (and other 4xx)        → Refused(status, problem type)
     408, 425, 429, 5xx, transport errors,
     garbage, no identity proof right now      → Temporary(retry_after from `Retry-After`)
@@ -12,13 +15,17 @@ them for a refusal would make the agent wait the slow refusal cadence for nothin
 
 `pull()` retries Temporary outcomes forever (tenacity, with `agent.retry.next_delay`: capped
 exponential backoff, full jitter, `Retry-After` honoured) and returns the first Issued or
-Refused. Always holds: the token never appears in a log line, an exception or a repr.
+Refused. A report is one request (`report()`); its caller backs off. A 403 whose problem type
+ends in `runtime-revoked` is a `Refused` with `.revoked`. Always holds: the token never appears
+in a log line, an exception or a repr.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 import ssl
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -31,7 +38,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_never
 from tenacity.wait import wait_base
 
 from agent.identity import Identity, IdentityError
-from agent.outcomes import Issued, Outcome, Refused, Temporary
+from agent.outcomes import Accepted, Issued, Outcome, Refused, ReportOutcome, Temporary
 from agent.retry import RandomSource, RetryPolicy, next_delay, parse_retry_after
 
 log = logging.getLogger(__name__)
@@ -96,7 +103,7 @@ def _problem(response: httpx.Response) -> Problem:
 
 
 def outcome_of(response: httpx.Response, *, now: datetime) -> Outcome:
-    """The typed outcome of one broker response (pure apart from reading the body)."""
+    """The typed outcome of one answer to a token request (pure apart from reading the body)."""
     status = response.status_code
     if status in (200, 201):
         try:
@@ -111,6 +118,33 @@ def outcome_of(response: httpx.Response, *, now: datetime) -> Outcome:
             expires_at=_aware(body.expires_at) if body.expires_at else now + DEFAULT_TOKEN_LIFETIME,
             issued_at=now,
         )
+    return _not_done(response, now=now)
+
+
+def report_outcome_of(response: httpx.Response, *, now: datetime) -> ReportOutcome:
+    """The typed outcome of one answer to a connection report."""
+    if 200 <= response.status_code < 300:
+        return Accepted(next_report_after=_next_report_after(response.content))
+    return _not_done(response, now=now)
+
+
+def _next_report_after(content: bytes) -> float | None:
+    """`nextReportAfterSeconds` when it is a positive finite number; None otherwise (the report
+    landed all the same, the agent keeps its own heartbeat)."""
+    try:
+        document = json.loads(content)
+    except (ValueError, RecursionError):
+        return None
+    value = document.get("nextReportAfterSeconds") if isinstance(document, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
+
+
+def _not_done(response: httpx.Response, *, now: datetime) -> Refused | Temporary:
+    status = response.status_code
     if status in _TEMPORARY_4XX or status >= 500:
         problem = _problem(response)
         return Temporary(
@@ -185,21 +219,37 @@ class BrokerClient:
             self._base = base
             self._http.base_url = httpx.URL(base)
 
-    async def request_once(self, runtime_id: str) -> Outcome:
+    async def _post(
+        self, runtime_id: str, endpoint: str, body: bytes
+    ) -> httpx.Response | Temporary:
         try:
             authorization = await self._identity.authorization()
         except IdentityError as e:
             return Temporary(reason=f"identity: {e}")
         if self._base is None:
             return Temporary(reason="no broker URL yet")
-        headers = {"Authorization": authorization} if authorization else {}
-        path = f"/v1/runtimes/{quote(runtime_id, safe='')}/token"
+        headers = {"Content-Type": "application/json"}
+        if authorization:
+            headers["Authorization"] = authorization
+        path = f"/v1/runtimes/{quote(runtime_id, safe='')}/{endpoint}"
         try:
-            response = await self._http.post(path, headers=headers, json={})
+            return await self._http.post(path, headers=headers, content=body)
         except httpx.TransportError as e:
             # The exception text may name the URL, never a credential; keep only its class.
             return Temporary(reason=f"transport: {type(e).__name__}")
-        return outcome_of(response, now=self._clock())
+
+    async def request_once(self, runtime_id: str) -> Outcome:
+        answer = await self._post(runtime_id, "token", b"{}")
+        if isinstance(answer, Temporary):
+            return answer
+        return outcome_of(answer, now=self._clock())
+
+    async def report(self, runtime_id: str, body: bytes) -> ReportOutcome:
+        """One connection report (`agent.report` builds the body); never retried here."""
+        answer = await self._post(runtime_id, "connection", body)
+        if isinstance(answer, Temporary):
+            return answer
+        return report_outcome_of(answer, now=self._clock())
 
     async def pull(
         self, runtime_id: str, *, on_attempt: AttemptHook | None = None

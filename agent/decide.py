@@ -8,6 +8,9 @@ plan) and ordered — the first rule that applies wins:
                             unregisters the runtime, which makes the token worthless anyway
 1. module disabled        → DELETE_SECRET if our secret is there and policy says so, else IDLE
 2. runtime ID unknown     → IDLE (a watch event brings it); broker URL unknown → IDLE
+2a. runtime revoked in the control plane (a 403 `runtime-revoked` to a token request or a
+   report) → RECHECK (ONE token request) when the jittered re-check time has come, else WAIT
+   until then; nothing else — no pull, no report, and the secret is left as it is
 3. a pull would be next, but the broker refused (401/403/404/409) recently and nothing
    watched changed since   → WAIT until the refusal cadence is over; or tokens were pulled
    in a row without the connection becoming healthy → WAIT out a growing spacing (so a
@@ -24,11 +27,12 @@ plan) and ordered — the first rule that applies wins:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
 from agent.model import Connection, TokenRecord
+from agent.outcomes import Issued, Outcome, Refused
 from agent.retry import DEFAULT_POLICY, RetryPolicy, step
 
 
@@ -37,6 +41,7 @@ class Action(StrEnum):
     DELETE_SECRET = "delete-secret"  # noqa: S105 - a name, not a password
     IDLE = "idle"
     WAIT = "wait"
+    RECHECK = "recheck-revocation"  # one token request, no retries: is the runtime still revoked?
 
 
 class Reason(StrEnum):
@@ -45,6 +50,7 @@ class Reason(StrEnum):
     MODULE_DISABLED = "module-disabled"
     MODULE_DISABLED_SECRET_KEPT = "module-disabled-secret-kept"  # noqa: S105 - a name, not a password
     NO_RUNTIME_ID = "no-runtime-id"
+    RUNTIME_REVOKED = "runtime-revoked"
     REFUSED_RECENTLY = "refused-recently"
     PULL_SPACING = "pull-spacing"
     NO_SECRET = "no-secret"  # noqa: S105 - a name, not a password
@@ -67,6 +73,16 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class Revocation:
+    """The control plane said this runtime is revoked; remembered in memory (a restarted agent
+    learns it again from its first request)."""
+
+    detail: str  # the operator's reason, as the broker gave it
+    since: datetime
+    recheck_at: datetime  # jittered when the 403 arrived, so the plan stays pure
+
+
+@dataclass(frozen=True)
 class Observed:
     now: datetime
     module_enabled: bool
@@ -79,6 +95,7 @@ class Observed:
     last_refusal: Refusal | None = None
     last_pull_at: datetime | None = None  # last token received
     pull_streak: int = 0  # tokens received since the connection was last healthy
+    revocation: Revocation | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +127,11 @@ def plan(observed: Observed, rules: Rules) -> Plan:  # noqa: PLR0911 - the order
         return Plan(Action.IDLE, Reason.NO_RUNTIME_ID)
     if not observed.broker_known:
         return Plan(Action.IDLE, Reason.NO_BROKER_URL)
+    if observed.revocation is not None:
+        recheck_at = observed.revocation.recheck_at
+        if recheck_at <= observed.now:
+            return Plan(Action.RECHECK, Reason.RUNTIME_REVOKED)
+        return Plan(Action.WAIT, Reason.RUNTIME_REVOKED, recheck_at)
     wanted = _token_plan(observed, rules)
     if wanted.action is Action.PULL:
         return _respect_refusal(observed, rules) or _respect_spacing(observed, rules) or wanted
@@ -159,3 +181,38 @@ def _respect_spacing(observed: Observed, rules: Rules) -> Plan | None:
     if again_at <= observed.now:
         return None
     return Plan(Action.WAIT, Reason.PULL_SPACING, again_at)
+
+
+# Plans under which connection reports are not sent: the broker would refuse them (or has, for
+# the token), there is nobody to send them to, or the runtime is going away.
+_NO_REPORTS = frozenset(
+    {
+        Reason.KYMA_DELETING,
+        Reason.MODULE_DISABLED,
+        Reason.MODULE_DISABLED_SECRET_KEPT,
+        Reason.NO_RUNTIME_ID,
+        Reason.NO_BROKER_URL,
+        Reason.RUNTIME_REVOKED,
+        Reason.REFUSED_RECENTLY,
+    }
+)
+
+
+def reporting_allowed(plan: Plan) -> bool:
+    return plan.reason not in _NO_REPORTS
+
+
+def revocation_after(
+    current: Revocation | None, outcome: Outcome, *, now: datetime, recheck_after: timedelta
+) -> Revocation | None:
+    """The revocation state after the broker's answer to a token request (or a report's 403
+    `runtime-revoked`): a `runtime-revoked` refusal (re)starts the slow re-check; a token or
+    any other refusal ends it (the broker judged the runtime and did not say revoked); no answer
+    (`Temporary`) proves nothing either way, so a revoked runtime waits for the next re-check.
+    """
+    if isinstance(outcome, Refused) and outcome.revoked:
+        since = current.since if current is not None else now
+        return Revocation(detail=outcome.detail, since=since, recheck_at=now + recheck_after)
+    if isinstance(outcome, Issued | Refused) or current is None:
+        return None
+    return replace(current, recheck_at=now + recheck_after)

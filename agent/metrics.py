@@ -8,6 +8,10 @@ from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
 
 from agent.decide import Reason
 
+# accepted: 202; rate-limited: 429; revoked: 403 runtime-revoked; refused: any other 4xx;
+# failed: no answer, 5xx or garbage.
+REPORT_OUTCOMES = ("accepted", "rate-limited", "revoked", "refused", "failed")
+
 
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -29,6 +33,20 @@ class AgentMetrics:
             states=[str(r) for r in Reason] + ["starting", "standby"],
             registry=self.registry,
         )
+        self.reports = Counter(
+            "compass_agent_reports",
+            "Connection reports sent to the broker, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.revoked = Gauge(
+            "compass_agent_revoked",
+            "1 while the control plane has revoked this runtime (the agent only re-checks "
+            "slowly), else 0.",
+            registry=self.registry,
+        )
         self.state.state("starting")
         for outcome in ("issued", "refused", "temporary"):
             self.pull_attempts.labels(outcome=outcome)
+        for outcome in REPORT_OUTCOMES:
+            self.reports.labels(outcome=outcome)

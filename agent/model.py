@@ -2,11 +2,14 @@
 
 Always holds: parsing never raises on odd input (a missing field reads as "unknown", which the
 decision treats conservatively); nothing here holds the token itself — a `TokenRecord` is what
-the secret's annotations say *about* the token. No Kubernetes or HTTP imports.
+the secret's annotations say *about* the token, plus its SHA-256 (for connection reports). No
+Kubernetes or HTTP imports.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -50,9 +53,11 @@ def parse_time(value: object) -> datetime | None:
         return None
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        # Normalised to UTC here, so formatting it later cannot fail: a year-1 time with a
+        # positive offset (valid RFC 3339) would not fit into a datetime once shifted.
+        return parsed.astimezone(UTC) if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def format_time(value: datetime) -> str:
@@ -103,6 +108,9 @@ class TokenRecord:
     expires_at: datetime | None
     issued_at: datetime | None
     compass_runtime_id: str | None
+    # Lower-case hex SHA-256 of the TOKEN the agent wrote (None in a secret someone else wrote):
+    # lets the control plane match the token it issued without the token leaving the runtime.
+    token_sha256: str | None = None
 
     @classmethod
     def from_secret(cls, raw: Mapping[str, Any]) -> TokenRecord:
@@ -110,11 +118,13 @@ class TokenRecord:
         labels = _mapping(metadata.get("labels"))
         annotations = _mapping(metadata.get("annotations"))
         runtime = annotations.get(COMPASS_RUNTIME_ID_ANNOTATION)
+        managed = labels.get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE
         return cls(
-            managed=labels.get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE,
+            managed=managed,
             expires_at=parse_time(annotations.get(EXPIRES_AT_ANNOTATION)),
             issued_at=parse_time(annotations.get(ISSUED_AT_ANNOTATION)),
             compass_runtime_id=runtime if isinstance(runtime, str) and runtime else None,
+            token_sha256=_token_digest(_mapping(raw.get("data")).get("TOKEN")) if managed else None,
         )
 
     def expired(self, now: datetime) -> bool:
@@ -123,21 +133,36 @@ class TokenRecord:
         return self.expires_at is None or self.expires_at <= now
 
 
+def _token_digest(encoded: object) -> str | None:
+    """SHA-256 (hex) of a secret's base64 `TOKEN` value; None when absent or not base64."""
+    if not isinstance(encoded, str) or not encoded:
+        return None
+    try:
+        token = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return hashlib.sha256(token).hexdigest() if token else None
+
+
 @dataclass(frozen=True)
 class Connection:
     """compass-runtime-agent's CompassConnection `compass-connection` (cluster-scoped)."""
 
     state: str | None
     error: str | None
+    certificate_not_after: datetime | None = None
 
     @classmethod
     def from_object(cls, raw: Mapping[str, Any]) -> Connection:
-        status = _mapping(raw.get("status"))
+        status = _mapping(_mapping(raw).get("status"))
         state = status.get("connectionState")
-        error = _mapping(status.get("connectionStatus")).get("error")
+        connection_status = _mapping(status.get("connectionStatus"))
+        error = connection_status.get("error")
+        not_after = _mapping(connection_status.get("certificateStatus")).get("notAfter")
         return cls(
             state=state if isinstance(state, str) and state else None,
             error=error if isinstance(error, str) and error else None,
+            certificate_not_after=parse_time(not_after),
         )
 
     @property

@@ -1,4 +1,5 @@
-"""What one request for a token can end in; plain data shared by the client and the loop.
+"""What one request to the broker (a token or a connection report) can end in; plain data
+shared by the client and the loop.
 
 Always holds: `Issued` is the only place the token lives in memory after a pull, and its
 `repr` never shows it. No HTTP imports here, so pure modules and benchmarks can use it.
@@ -22,6 +23,9 @@ class Issued:
     issued_at: datetime
 
 
+REVOKED_PROBLEM_SUFFIX = "runtime-revoked"
+
+
 @dataclass(frozen=True)
 class Refused:
     """A permanent answer (401/403/404/409): asking again right away would not help."""
@@ -29,6 +33,12 @@ class Refused:
     status: int
     reason: str  # the problem `type` (or title) the broker gave
     detail: str = ""
+
+    @property
+    def revoked(self) -> bool:
+        """An operator revoked this runtime in the control plane (the contract's 403 whose
+        problem `type` ends in `runtime-revoked`)."""
+        return self.status == 403 and self.reason.endswith(REVOKED_PROBLEM_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -40,4 +50,13 @@ class Temporary:
     retry_after: float | None = None
 
 
+@dataclass(frozen=True)
+class Accepted:
+    """202 to a connection report; `next_report_after` is the broker's wish for the heartbeat
+    (None when it stated none usable)."""
+
+    next_report_after: float | None = None
+
+
 Outcome = Issued | Refused | Temporary
+ReportOutcome = Accepted | Refused | Temporary

@@ -1,10 +1,18 @@
 """The level-based loop: gather everything, `decide.plan`, carry out one thing, record it.
 
 Always holds: watch events only `trigger()` the loop; every turn re-reads the world from the
-API server; at most one pull runs at a time and it keeps its own backoff across turns (a turn
-that still plans PULL leaves it running, a turn that plans anything else cancels it); the loop
-sleeps until a trigger, the plan's WAIT deadline or the resync period — never a hot loop;
-metrics and Events are recorded here only; tokens are never logged.
+API server; at most one token request runs at a time and a pull keeps its own backoff across
+turns (a turn that still plans the same action leaves it running, a turn that plans anything
+else cancels it); the loop sleeps until a trigger, the plan's WAIT deadline, the next
+connection report or the resync period — never a hot loop; metrics and Events are recorded here
+only; tokens are never logged.
+
+Connection reports ride on the same loop: each turn builds the report from what it just read
+(`agent.report`) and, when reports are allowed by the plan and one is due, starts it as a task
+of its own next to the token request — so a report never waits for a pull, a pull never waits
+for a report, and the report's deadline only shortens the loop's sleep. Reports need the very
+objects each turn reads anyway, and they stop and start with the plan (module disabled,
+revoked, not the lease holder) without a second loop deciding the same things.
 """
 
 from __future__ import annotations
@@ -19,15 +27,16 @@ from typing import Any
 
 from agent import decide
 from agent import landscape as landscape_rules
+from agent import report as reports
 from agent.broker_client import BrokerClient
-from agent.decide import Action, Observed, Plan, Reason, Refusal, Rules
+from agent.decide import Action, Observed, Plan, Reason, Refusal, Revocation, Rules
 from agent.kube import resources
 from agent.kube import secret as secret_io
 from agent.kube.events import EventReason, event_type
 from agent.metrics import AgentMetrics
 from agent.model import Connection, ConnectionState, KymaView, TokenRecord, fingerprint
-from agent.outcomes import Issued, Outcome, Refused, Temporary
-from agent.retry import RandomSource, RetryPolicy, next_delay
+from agent.outcomes import Accepted, Issued, Outcome, Refused, ReportOutcome, Temporary
+from agent.retry import RandomSource, RetryPolicy, jittered, next_delay
 from agent.settings import AgentSettings, ModuleSignal
 from kubeapi import EventRecorder, KubeClient, KubeError, KubeUnavailable, NotFound, ObjectRef
 
@@ -36,6 +45,9 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
 # Attempts in a row without any HTTP answer from the broker before the agent reports not ready.
 UNREACHABLE_AFTER = 3
+# How much of the operator's reason goes into an Event message and the /readyz body.
+DETAIL_CHARS = 512
+NEVER = float("inf")
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,10 @@ class Reconciler:
         self._rng = rng
         self._wake = asyncio.Event()
         self._pull: asyncio.Task[None] | None = None
+        self._pull_action = Action.PULL  # what the task in `_pull` does: PULL or RECHECK
+        self._report: asyncio.Task[None] | None = None
+        self._schedule = reports.Schedule()
+        self._revocation: Revocation | None = None
         self._refusal: Refusal | None = None
         self._last_pull_at: datetime | None = None
         self._pull_streak = 0
@@ -134,6 +150,7 @@ class Reconciler:
             last_refusal=self._refusal,
             last_pull_at=self._last_pull_at,
             pull_streak=self._pull_streak,
+            revocation=self._revocation,
         )
         return Gathered(observed=observed, kyma=kyma)
 
@@ -207,6 +224,7 @@ class Reconciler:
             while not stop.is_set():
                 if leading is not None and not leading.is_set():
                     await self._cancel_pull()
+                    await self._cancel_report()
                     self._metrics.state.state("standby")
                     await _first(stop.wait(), leading.wait())
                     continue
@@ -230,6 +248,7 @@ class Reconciler:
             raise
         finally:
             await self._cancel_pull()
+            await self._cancel_report()
             if self._background:
                 await asyncio.wait(self._background, timeout=5)
                 left = list(self._background)
@@ -257,15 +276,30 @@ class Reconciler:
         self._metrics.state.state(str(plan.reason))
         if plan.reason in (Reason.CONNECTION_HEALTHY, Reason.MODULE_DISABLED):
             self._pull_streak = 0
-        pulling = self._pull is not None and not self._pull.done()
-        if pulling and plan.action is not Action.PULL:
-            log.info("pull no longer needed, cancelling", extra={"reason": str(plan.reason)})
+        waiting = await self._carry_out(plan, gathered)
+        return min(waiting, await self._tend_reports(plan, gathered))
+
+    async def _carry_out(self, plan: Plan, gathered: Gathered) -> float:
+        """Does what the plan says; returns how long to sleep as far as the plan is concerned."""
+        observed = gathered.observed
+        asking = self._pull is not None and not self._pull.done()
+        if asking and plan.action is not self._pull_action:
+            log.info(
+                "token request no longer needed, cancelling", extra={"reason": str(plan.reason)}
+            )
             await self._cancel_pull()
-        if plan.action is Action.PULL and not pulling:
+            asking = False
+        if plan.action in (Action.PULL, Action.RECHECK) and not asking:
             assert observed.runtime_id is not None
+            self._pull_action = plan.action
             self._pull = asyncio.create_task(
-                self._pull_and_write(observed.runtime_id, observed.fingerprint, gathered.kyma),
-                name="compass-agent-pull",
+                self._ask_for_token(
+                    observed.runtime_id,
+                    observed.fingerprint,
+                    gathered.kyma,
+                    once=plan.action is Action.RECHECK,
+                ),
+                name=f"compass-agent-{plan.action}",
             )
         elif plan.action is Action.DELETE_SECRET:
             if await self._delete_secret(gathered.kyma):
@@ -274,6 +308,26 @@ class Reconciler:
         if plan.action is Action.WAIT and plan.until is not None:
             return max((plan.until - observed.now).total_seconds(), 0.0)
         return self._settings.resync_period
+
+    async def _tend_reports(self, plan: Plan, gathered: Gathered) -> float:
+        """Starts a connection report when one is due; returns the seconds until the next one
+        (infinite while one is in flight: its end wakes the loop)."""
+        observed = gathered.observed
+        if not decide.reporting_allowed(plan):
+            await self._cancel_report()
+            return NEVER
+        if self._report is not None and not self._report.done():
+            return NEVER
+        report = reports.build_report(observed.connection, observed.secret, now=observed.now)
+        due = reports.due_at(self._schedule, report.key, now=observed.now)
+        if due > observed.now:
+            return (due - observed.now).total_seconds()
+        assert observed.runtime_id is not None  # reports are allowed only with a runtime ID
+        self._report = asyncio.create_task(
+            self._send_report(observed.runtime_id, report, gathered.kyma),
+            name="compass-agent-report",
+        )
+        return NEVER
 
     def _note_connection(self, observed: Observed, kyma: KymaView | None) -> None:
         state = observed.connection.state if observed.connection else None
@@ -296,10 +350,11 @@ class Reconciler:
 
     async def _cancel_pull(self) -> None:
         task, self._pull = self._pull, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _cancelled(task)
+
+    async def _cancel_report(self) -> None:
+        task, self._report = self._report, None
+        await _cancelled(task)
 
     # -- carrying out ----------------------------------------------------------------
 
@@ -320,6 +375,10 @@ class Reconciler:
                 f"no answer from the broker in {self._unreachable_streak} attempts "
                 f"(last: {self._unanswered_reason})"
             )
+        if plan.reason is Reason.RUNTIME_REVOKED and self._revocation is not None:
+            # Ready: the agent works and does what the control plane told it; the module going
+            # red would point the customer at the agent instead of at the revocation.
+            return True, f"{plan.reason}: {self._revocation.detail[:DETAIL_CHARS]}"
         return True, str(plan.reason)
 
     def _count(self, outcome: Outcome) -> None:
@@ -330,47 +389,150 @@ class Reconciler:
         label = {Issued: "issued", Refused: "refused", Temporary: "temporary"}[type(outcome)]
         self._metrics.pull_attempts.labels(outcome=label).inc()
 
-    async def _pull_and_write(self, runtime_id: str, print_: str, kyma: KymaView | None) -> None:
+    async def _ask_for_token(
+        self, runtime_id: str, print_: str, kyma: KymaView | None, *, once: bool
+    ) -> None:
+        """A pull (retried until a token or a refusal) or, while revoked, ONE request."""
         try:
-            log.info("pulling a token", extra={"runtime_id": runtime_id})
-            result = await self._broker.pull(runtime_id, on_attempt=self._count)
-            if isinstance(result, Refused):
-                self._refusal = Refusal(result.status, result.reason, self._clock(), print_)
-                message = f"broker refused a token ({result.status} {result.reason})"
-                if result.detail:
-                    message += f": {result.detail}"
-                log.warning(
-                    "pull refused", extra={"status": result.status, "reason": result.reason}
+            if once:
+                log.info(
+                    "asking whether the runtime is still revoked", extra={"runtime_id": runtime_id}
                 )
-                await self._record(kyma, EventReason.PULL_REFUSED, message)
-                return
-            # Counted before writing: a token that cannot be stored (no RBAC, a webhook saying
-            # no) was still spent, and the next pull must wait out the spacing — otherwise a
-            # failing write would turn into a loop of tokens asked for and thrown away.
-            self._refusal = None
-            self._last_pull_at = self._clock()
-            self._pull_streak += 1
-            await self._write(result)
-            self._metrics.last_success.set(self._clock().timestamp())
-            log.info(
-                "token written",
-                extra={
-                    "runtime_id": runtime_id,
-                    "compass_runtime_id": result.compass_runtime_id,
-                    "expires_at": result.expires_at.isoformat(),
-                },
-            )
-            await self._record(
-                kyma,
-                EventReason.TOKEN_PULLED,
-                f"wrote a Compass one-time token for runtime {result.compass_runtime_id} "
-                f"(expires {result.expires_at.isoformat()})",
-            )
+                outcome = await self._broker.request_once(runtime_id)
+                self._count(outcome)
+            else:
+                log.info("pulling a token", extra={"runtime_id": runtime_id})
+                outcome = await self._broker.pull(runtime_id, on_attempt=self._count)
+            await self._settle(outcome, runtime_id, print_, kyma)
         except KubeError as e:
             # The token is lost with this failure; the next turn plans a new pull (spacing applies).
             log.error("could not write the token secret", extra={"error": str(e)})
         finally:
             self._wake.set()
+
+    def _recheck_after(self) -> timedelta:
+        return timedelta(seconds=jittered(self._settings.revoked_recheck_seconds, rng=self._rng))
+
+    def _set_revocation(self, outcome: Outcome, kyma: KymaView | None) -> None:
+        was = self._revocation
+        self._revocation = decide.revocation_after(
+            was, outcome, now=self._clock(), recheck_after=self._recheck_after()
+        )
+        self._metrics.revoked.set(0 if self._revocation is None else 1)
+        if self._revocation is None:
+            if was is not None:
+                log.info("the runtime is no longer revoked in the control plane")
+            return
+        if not (isinstance(outcome, Refused) and outcome.revoked):
+            log.info(
+                "no answer while revoked, asking again later",
+                extra={"recheck_at": self._revocation.recheck_at.isoformat()},
+            )
+            return
+        # Reports start afresh once the runtime is back, so the control plane hears at once.
+        self._schedule = reports.Schedule()
+        detail = self._revocation.detail[:DETAIL_CHARS]
+        log.warning(
+            "the control plane revoked this runtime",
+            extra={
+                "reason": outcome.reason,
+                "detail": detail,
+                "recheck_at": self._revocation.recheck_at.isoformat(),
+            },
+        )
+        self._spawn_event(
+            kyma,
+            EventReason.RUNTIME_REVOKED,
+            f"the control plane revoked this runtime ({outcome.reason})"
+            + (f": {detail}" if detail else "")
+            + f"; asking again about every {self._settings.revoked_recheck_seconds:g} s; "
+            f"{self._settings.secret_name} is kept",
+        )
+
+    async def _settle(
+        self, outcome: Outcome, runtime_id: str, print_: str, kyma: KymaView | None
+    ) -> None:
+        self._set_revocation(outcome, kyma)
+        if isinstance(outcome, Temporary) or (isinstance(outcome, Refused) and outcome.revoked):
+            return
+        if isinstance(outcome, Refused):
+            self._refusal = Refusal(outcome.status, outcome.reason, self._clock(), print_)
+            message = f"broker refused a token ({outcome.status} {outcome.reason})"
+            if outcome.detail:
+                message += f": {outcome.detail}"
+            log.warning("pull refused", extra={"status": outcome.status, "reason": outcome.reason})
+            await self._record(kyma, EventReason.PULL_REFUSED, message)
+            return
+        # Counted before writing: a token that cannot be stored (no RBAC, a webhook saying
+        # no) was still spent, and the next pull must wait out the spacing — otherwise a
+        # failing write would turn into a loop of tokens asked for and thrown away.
+        self._refusal = None
+        self._last_pull_at = self._clock()
+        self._pull_streak += 1
+        await self._write(outcome)
+        self._metrics.last_success.set(self._clock().timestamp())
+        log.info(
+            "token written",
+            extra={
+                "runtime_id": runtime_id,
+                "compass_runtime_id": outcome.compass_runtime_id,
+                "expires_at": outcome.expires_at.isoformat(),
+            },
+        )
+        await self._record(
+            kyma,
+            EventReason.TOKEN_PULLED,
+            f"wrote a Compass one-time token for runtime {outcome.compass_runtime_id} "
+            f"(expires {outcome.expires_at.isoformat()})",
+        )
+
+    async def _send_report(
+        self, runtime_id: str, report: reports.ConnectionReport, kyma: KymaView | None
+    ) -> None:
+        try:
+            outcome = await self._broker.report(runtime_id, report.body())
+            self._metrics.reports.labels(outcome=_report_label(outcome)).inc()
+            now = self._clock()
+            if isinstance(outcome, Accepted):
+                if report.key != self._schedule.accepted:
+                    log.info("connection reported", extra={"state": report.connection_state})
+                self._schedule = reports.after_accepted(
+                    report.key,
+                    now=now,
+                    interval=self._settings.report_interval_seconds,
+                    broker_wish=outcome.next_report_after,
+                    rng=self._rng,
+                )
+                return
+            if isinstance(outcome, Refused) and outcome.revoked:
+                self._set_revocation(outcome, kyma)
+                return
+            self._report_failed(
+                status=outcome.status,
+                reason=outcome.reason,
+                retry_after=outcome.retry_after if isinstance(outcome, Temporary) else None,
+            )
+        except Exception as e:
+            # Never expected; but without a backoff recorded the next turn would send at once.
+            log.exception("connection report failed")
+            self._report_failed(status=None, reason=type(e).__name__, retry_after=None)
+        finally:
+            self._wake.set()
+
+    def _report_failed(self, *, status: int | None, reason: str, retry_after: float | None) -> None:
+        now = self._clock()
+        self._schedule = reports.after_failure(
+            self._schedule, now=now, policy=self._policy, retry_after=retry_after, rng=self._rng
+        )
+        again_at = self._schedule.not_before or now
+        log.info(
+            "connection report not accepted, will retry",
+            extra={
+                "status": status,
+                "reason": reason,
+                "retry_in": round((again_at - now).total_seconds(), 2),
+            },
+        )
 
     async def _write(self, issued: Issued) -> None:
         s = self._settings
@@ -397,6 +559,21 @@ class Reconciler:
                 f"application-connector module disabled: removed {s.namespace}/{s.secret_name}",
             )
         return deleted
+
+
+def _report_label(outcome: ReportOutcome) -> str:
+    if isinstance(outcome, Accepted):
+        return "accepted"
+    if isinstance(outcome, Refused):
+        return "revoked" if outcome.revoked else "refused"
+    return "rate-limited" if outcome.status == 429 else "failed"
+
+
+async def _cancelled(task: asyncio.Task[None] | None) -> None:
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def _first(*waiters: Coroutine[Any, Any, object], wait_at_most: float | None = None) -> None:

@@ -79,6 +79,13 @@ def next_delay(
     return max(delay, 0.0)
 
 
+def jittered(seconds: float, *, rng: RandomSource | None = None, spread: float = 0.2) -> float:
+    """`seconds` ± `spread` (a fraction), uniformly: for periodic work (heartbeats, re-checks)
+    so that agents started together do not stay in step."""
+    source: RandomSource = rng if rng is not None else random.SystemRandom()
+    return max(source.uniform(seconds * (1 - spread), seconds * (1 + spread)), 0.0)
+
+
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
     """`Retry-After` as seconds: delta-seconds or an HTTP date; None when absent or garbage."""
     if value is None:

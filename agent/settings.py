@@ -104,6 +104,16 @@ class AgentSettings(BaseSettings):
     resync_period: Seconds = Field(
         default=600.0, description="Re-read everything this often even without watch events."
     )
+    report_interval_seconds: Seconds = Field(
+        default=300.0,
+        description="Heartbeat of connection reports to the broker (the broker's "
+        "nextReportAfterSeconds when shorter), ±20 % jitter; a changed state is reported at once.",
+    )
+    revoked_recheck_seconds: Seconds = Field(
+        default=600.0,
+        description="While the control plane has revoked the runtime: one token request this "
+        "often (±20 % jitter) to learn that it is no longer revoked.",
+    )
     backoff_base: Seconds = 1.0
     backoff_factor: float = Field(default=2.0, ge=1.0)
     backoff_cap: Seconds = 300.0

@@ -16,9 +16,12 @@ class EventReason(StrEnum):
     PULL_REFUSED = "PullRefused"
     CONNECTION_FAILURE_SEEN = "ConnectionFailureSeen"
     SECRET_REMOVED = "SecretRemoved"  # noqa: S105 - a name, not a password
+    RUNTIME_REVOKED = "RuntimeRevoked"
 
 
-WARNINGS = frozenset({EventReason.PULL_REFUSED, EventReason.CONNECTION_FAILURE_SEEN})
+WARNINGS = frozenset(
+    {EventReason.PULL_REFUSED, EventReason.CONNECTION_FAILURE_SEEN, EventReason.RUNTIME_REVOKED}
+)
 
 
 def event_type(reason: EventReason) -> str:

@@ -84,7 +84,9 @@ class FakeBroker:
     """Answers `POST /v1/runtimes/{id}/token` with `script(n)` for the n-th request (1-based).
 
     With `tls` it serves HTTPS; `peers` then holds the CN of the client certificate presented
-    on each request's connection (None without one)."""
+    on each request's connection (None without one). Connection reports
+    (`POST /v1/runtimes/{id}/connection`) are accepted (202) and kept apart in `reports`: they
+    neither count as requests nor advance the script (`contract_broker` tests them)."""
 
     def __init__(
         self,
@@ -97,6 +99,7 @@ class FakeBroker:
         self.port = port or free_port()
         self.tls = tls
         self.requests: list[tuple[float, str, dict[str, str]]] = []
+        self.reports: list[tuple[float, str, dict[str, str]]] = []
         self.peers: list[str | None] = []
         self._server: asyncio.Server | None = None
 
@@ -128,9 +131,13 @@ class FakeBroker:
                 headers[name.strip().lower()] = value.strip()
             await reader.readexactly(int(headers.get("content-length", "0")))
             path = line.split()[1]
-            self.peers.append(_common_name(writer.get_extra_info("peercert")))
-            self.requests.append((time.monotonic(), path, headers))
-            reply = self.script(len(self.requests))
+            if path.endswith("/connection"):
+                self.reports.append((time.monotonic(), path, headers))
+                reply = Reply(202, {"nextReportAfterSeconds": 3600})
+            else:
+                self.peers.append(_common_name(writer.get_extra_info("peercert")))
+                self.requests.append((time.monotonic(), path, headers))
+                reply = self.script(len(self.requests))
             body = json.dumps(reply.body).encode()
             head = {"Content-Type": "application/json", **reply.headers}
             text = f"HTTP/1.1 {reply.status} X\r\n" + "".join(
@@ -201,7 +208,8 @@ def mtls_server_context(folder: Path, server_ca: Pki, client_ca: Pki) -> ssl.SSL
 
 
 class RecordingTransport(httpx.AsyncBaseTransport):
-    """Passes requests to a real transport and notes when each was sent."""
+    """Passes requests to a real transport and notes when each token request was sent (the
+    connection reports that go alongside are passed on unrecorded)."""
 
     def __init__(self) -> None:
         self.inner = httpx.AsyncHTTPTransport()
@@ -209,6 +217,8 @@ class RecordingTransport(httpx.AsyncBaseTransport):
         self.answers: list[tuple[float, int, str | None]] = []  # (time, status, Retry-After)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/connection"):
+            return await self.inner.handle_async_request(request)
         self.sent.append(time.monotonic())
         response = await self.inner.handle_async_request(request)
         self.answers.append(

@@ -11,7 +11,7 @@ import pytest
 
 from agent.broker_client import BrokerClient
 from agent.identity import IdentityError, ServiceAccountIdentity
-from agent.outcomes import Issued, Outcome, Refused, Temporary
+from agent.outcomes import Accepted, Issued, Outcome, Refused, Temporary
 from agent.retry import Jitter, RetryPolicy
 
 NOW = datetime(2025, 1, 1, 12, tzinfo=UTC)
@@ -208,3 +208,118 @@ async def test_expiry_formats(expires: object, expected: datetime) -> None:
     await client.aclose()
     assert isinstance(outcome, Issued)
     assert outcome.expires_at == expected
+
+
+# -- connection reports and revocation ------------------------------------------------------------
+
+REVOKED_TYPE = "https://broker.test/problems/runtime-revoked"
+
+
+def revoked_problem() -> httpx.Response:
+    body = {
+        "type": REVOKED_TYPE,
+        "title": "The runtime is revoked in the control plane",
+        "status": 403,
+        "detail": "decommissioned by ops",
+    }
+    return httpx.Response(
+        403, headers={"Content-Type": "application/problem+json"}, content=json.dumps(body).encode()
+    )
+
+
+async def test_a_report_goes_to_the_connection_endpoint_with_the_same_identity() -> None:
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(202, json={"nextReportAfterSeconds": 120})
+
+    client = make_client(httpx.MockTransport(handle), [])
+    body = b'{"connectionState":"Connected","observedAt":"2025-01-01T12:00:00.000Z"}'
+    outcome = await client.report("Rt/1", body)
+    await client.aclose()
+    assert outcome == Accepted(next_report_after=120.0)
+    assert seen[0].method == "POST"
+    assert seen[0].url.raw_path == b"/v1/runtimes/Rt%2F1/connection"
+    assert seen[0].headers["Authorization"] == "Bearer sa-token"
+    assert seen[0].headers["Content-Type"] == "application/json"
+    assert seen[0].content == body
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b"{}",
+        b'{"nextReportAfterSeconds": "60"}',
+        b'{"nextReportAfterSeconds": true}',
+        b'{"nextReportAfterSeconds": 0}',
+        b'{"nextReportAfterSeconds": -5}',
+        b'{"nextReportAfterSeconds": Infinity}',
+        b'{"nextReportAfterSeconds": NaN}',
+        b"[" * 100_000,
+    ],
+)
+async def test_an_accepted_report_without_a_usable_wish_keeps_the_agents_heartbeat(
+    answer: bytes,
+) -> None:
+    client = make_client(httpx.MockTransport(lambda r: httpx.Response(202, content=answer)), [])
+    outcome = await client.report("rt", b"{}")
+    await client.aclose()
+    assert outcome == Accepted(next_report_after=None)
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        (
+            problem(429, "urn:rate-limited", {"Retry-After": "10"}),
+            Temporary("urn:rate-limited", 429, 10.0),
+        ),
+        (
+            problem(503, "urn:control-plane-unavailable", {"Retry-After": "5"}),
+            Temporary("urn:control-plane-unavailable", 503, 5.0),
+        ),
+        (problem(400, "urn:malformed-request"), Refused(400, "urn:malformed-request", "why")),
+        (problem(409, "urn:module-not-enabled"), Refused(409, "urn:module-not-enabled", "why")),
+    ],
+)
+async def test_report_failures_map_like_token_failures(
+    response: httpx.Response, expected: object
+) -> None:
+    client = make_client(httpx.MockTransport(lambda r: response), [])
+    outcome = await client.report("rt", b"{}")
+    await client.aclose()
+    assert outcome == expected
+
+
+async def test_a_report_is_sent_once_never_retried_by_the_client() -> None:
+    calls = 0
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        raise httpx.ConnectError("refused", request=request)
+
+    sleeps: list[float] = []
+    client = make_client(httpx.MockTransport(handle), sleeps)
+    outcome = await client.report("rt", b"{}")
+    await client.aclose()
+    assert outcome == Temporary(reason="transport: ConnectError")
+    assert calls == 1
+    assert sleeps == []
+
+
+@pytest.mark.parametrize("call", ["token", "report"])
+async def test_runtime_revoked_is_a_revoked_refusal_with_the_operators_reason(call: str) -> None:
+    client = make_client(httpx.MockTransport(lambda r: revoked_problem()), [])
+    if call == "token":
+        outcome: object = await client.pull("rt")
+    else:
+        outcome = await client.report("rt", b"{}")
+    await client.aclose()
+    assert outcome == Refused(403, REVOKED_TYPE, "decommissioned by ops")
+    assert isinstance(outcome, Refused)
+    assert outcome.revoked

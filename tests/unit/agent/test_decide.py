@@ -9,8 +9,20 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from agent.decide import Action, Observed, Plan, Reason, Refusal, Rules, plan
+from agent.decide import (
+    Action,
+    Observed,
+    Plan,
+    Reason,
+    Refusal,
+    Revocation,
+    Rules,
+    plan,
+    reporting_allowed,
+    revocation_after,
+)
 from agent.model import Connection, TokenRecord
+from agent.outcomes import Issued, Refused, Temporary
 from agent.retry import RetryPolicy
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -44,6 +56,10 @@ FOREIGN = token(issued=None, expires=None, managed=False)
 
 def conn(state: str | None) -> Connection:
     return Connection(state=state, error=None)
+
+
+def revoked(*, recheck: timedelta) -> Revocation:
+    return Revocation(detail="stolen node", since=NOW - 30 * MIN, recheck_at=NOW + recheck)
 
 
 def obs(**changes: object) -> Observed:
@@ -149,6 +165,25 @@ CASES: list[tuple[str, Observed, Plan]] = [
      Plan(Action.PULL, Reason.NO_SECRET)),
     ("streak reset: no spacing", obs(last_pull_at=NOW, pull_streak=0),
      Plan(Action.PULL, Reason.NO_SECRET)),
+    # 2a. revoked in the control plane: only the slow re-check, whatever else is observed
+    ("revoked, re-check due: one token request", obs(revocation=revoked(recheck=-1 * MIN)),
+     Plan(Action.RECHECK, Reason.RUNTIME_REVOKED)),
+    ("revoked, re-check due exactly now", obs(revocation=revoked(recheck=0 * MIN)),
+     Plan(Action.RECHECK, Reason.RUNTIME_REVOKED)),
+    ("revoked, re-check later: wait for it", obs(revocation=revoked(recheck=3 * MIN)),
+     Plan(Action.WAIT, Reason.RUNTIME_REVOKED, NOW + 3 * MIN)),
+    ("revoked, connection failed + expired token: no pull", obs(revocation=revoked(recheck=3 * MIN), secret=EXPIRED, connection=conn("ConnectionFailed")),
+     Plan(Action.WAIT, Reason.RUNTIME_REVOKED, NOW + 3 * MIN)),
+    ("revoked, connected: the re-check is still the token request", obs(revocation=revoked(recheck=-1 * MIN), secret=FRESH, connection=conn("Connected")),
+     Plan(Action.RECHECK, Reason.RUNTIME_REVOKED)),
+    ("revoked wins over a refusal and a changed fingerprint", obs(revocation=revoked(recheck=3 * MIN), last_refusal=Refusal(403, "x", NOW, "fp-0")),
+     Plan(Action.WAIT, Reason.RUNTIME_REVOKED, NOW + 3 * MIN)),
+    ("revoked, module disabled: our secret goes (the module rule, not the revocation)", obs(revocation=revoked(recheck=3 * MIN), module_enabled=False, secret=FRESH),
+     Plan(Action.DELETE_SECRET, Reason.MODULE_DISABLED)),
+    ("revoked, kyma deleting: idle", obs(revocation=revoked(recheck=-1 * MIN), kyma_deleting=True),
+     Plan(Action.IDLE, Reason.KYMA_DELETING)),
+    ("revoked, broker URL gone: idle", obs(revocation=revoked(recheck=-1 * MIN), broker_known=False),
+     Plan(Action.IDLE, Reason.NO_BROKER_URL)),
 ]  # fmt: skip
 
 
@@ -181,3 +216,82 @@ def test_wait_is_always_in_the_future() -> None:
     for result, observed in waits:
         assert result.until is not None
         assert result.until > observed.now
+
+
+# -- revocation transitions and when reports go -------------------------------------------------
+
+REVOKED_403 = Refused(403, "https://broker.test/problems/runtime-revoked", "stolen node")
+TOKEN = Issued(
+    token="ott",
+    connector_url="https://c",
+    compass_runtime_id="c-1",
+    tenant="t",
+    expires_at=NOW + 60 * MIN,
+    issued_at=NOW,
+)
+RECHECK = 10 * MIN
+
+
+def test_a_runtime_revoked_answer_starts_the_slow_recheck() -> None:
+    after = revocation_after(None, REVOKED_403, now=NOW, recheck_after=RECHECK)
+    assert after == Revocation(detail="stolen node", since=NOW, recheck_at=NOW + RECHECK)
+
+
+def test_still_revoked_keeps_since_and_moves_the_recheck() -> None:
+    current = revoked(recheck=-1 * MIN)
+    again = replace(REVOKED_403, detail="still stolen")
+    after = revocation_after(current, again, now=NOW, recheck_after=RECHECK)
+    assert after == Revocation(detail="still stolen", since=current.since, recheck_at=NOW + RECHECK)
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [TOKEN, Refused(409, "urn:module-not-enabled"), Refused(403, "urn:sa-not-allowed")],
+    ids=["token", "409", "403 of another kind"],
+)
+def test_a_token_or_another_refusal_ends_the_revocation(outcome: object) -> None:
+    current = revoked(recheck=-1 * MIN)
+    assert revocation_after(current, outcome, now=NOW, recheck_after=RECHECK) is None  # type: ignore[arg-type]
+
+
+def test_no_answer_while_revoked_waits_for_the_next_recheck() -> None:
+    current = revoked(recheck=-1 * MIN)
+    after = revocation_after(
+        current, Temporary("transport: ConnectError"), now=NOW, recheck_after=RECHECK
+    )
+    assert after == replace(current, recheck_at=NOW + RECHECK)
+
+
+def test_no_answer_while_not_revoked_stays_not_revoked() -> None:
+    assert revocation_after(None, Temporary("503", 503), now=NOW, recheck_after=RECHECK) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "revoked_"),
+    [
+        ("runtime-revoked", True),
+        ("urn:kyma-compass:runtime-revoked", True),
+        ("https://broker.test/problems/runtime-revoked", True),
+        ("https://broker.test/problems/runtime-revoked/", False),
+        ("https://broker.test/problems/runtime-revoked-not", False),
+        ("urn:forbidden", False),
+    ],
+)
+def test_revoked_is_a_403_whose_type_ends_in_runtime_revoked(kind: str, revoked_: bool) -> None:
+    assert Refused(403, kind).revoked is revoked_
+    assert Refused(401, kind).revoked is False
+    assert Refused(409, kind).revoked is False
+
+
+def test_reports_go_only_when_the_broker_would_take_them() -> None:
+    allowed = {r for r in Reason if reporting_allowed(Plan(Action.IDLE, r))}
+    assert allowed == {
+        Reason.PULL_SPACING,
+        Reason.NO_SECRET,
+        Reason.CONNECTION_HEALTHY,
+        Reason.CONNECTION_FAILED_TOKEN_STALE,
+        Reason.CONNECTION_FAILED_TOKEN_FRESH,
+        Reason.CONNECTION_OTHER_FAILURE,
+        Reason.NO_CONNECTION_TOKEN_EXPIRED,
+        Reason.WAITING_FOR_CONNECTION,
+    }

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from datetime import UTC, datetime
 
@@ -16,6 +17,7 @@ from agent.kube.secret import (
     differs,
     write_secret,
 )
+from agent.model import TokenRecord
 from agent.outcomes import Issued
 from kubeapi import ClusterAccess, KubeClient
 
@@ -50,6 +52,13 @@ def test_desired_secret_shape() -> None:
     expires = annotations["compass-agent.kyma-project.io/token-expires-at"]
     assert expires == "2025-01-01T13:00:00.000Z"
     assert "ott-1" not in json.dumps(body["metadata"])
+
+
+def test_the_secret_the_agent_writes_yields_the_hash_of_its_token() -> None:
+    body = desired_secret(namespace="n", name="s", issued=ISSUED)
+    record = TokenRecord.from_secret(body)
+    assert record.token_sha256 == hashlib.sha256(b"ott-1").hexdigest()
+    assert "ott-1" not in repr(record)
 
 
 def test_differs_ignores_other_writers_metadata() -> None:

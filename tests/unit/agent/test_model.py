@@ -82,12 +82,25 @@ def test_connection_state_and_error() -> None:
     assert Connection.from_object({}).state is None
 
 
+def test_connection_certificate_expiry() -> None:
+    status = {"connectionStatus": {"certificateStatus": {"notAfter": "2027-01-01T00:00:00Z"}}}
+    connection = Connection.from_object({"status": status})
+    assert connection.certificate_not_after == datetime(2027, 1, 1, tzinfo=UTC)
+    for odd in (None, 5, "soon", {"notAfter": 1}):
+        status = {"connectionStatus": {"certificateStatus": odd}}
+        assert Connection.from_object({"status": status}).certificate_not_after is None
+
+
 def test_parse_time_variants() -> None:
     assert parse_time("2025-01-01T00:00:00Z") == datetime(2025, 1, 1, tzinfo=UTC)
     assert parse_time("2025-01-01T00:00:00.123456+00:00") is not None
     assert parse_time("2025-01-01T00:00:00") == datetime(2025, 1, 1, tzinfo=UTC)
     assert parse_time("garbage") is None
     assert parse_time(None) is None
+    assert parse_time("2025-01-01T01:00:00+01:00") == datetime(2025, 1, 1, tzinfo=UTC)
+    # Valid RFC 3339, but not representable once shifted to UTC: unknown, not a crash.
+    assert parse_time("0001-01-01T00:00:00+14:00") is None
+    assert parse_time("9999-12-31T23:59:59-14:00") is None
 
 
 def test_fingerprint_ignores_status_but_sees_spec_labels_and_signals() -> None:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from agent.retry import Jitter, RetryPolicy, next_delay, parse_retry_after, step
+from agent.retry import Jitter, RetryPolicy, jittered, next_delay, parse_retry_after, step
 
 
 class Fixed:
@@ -105,3 +105,14 @@ def test_module_imports_no_io_libraries() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize(("fraction", "expected"), [(0.0, 480.0), (0.5, 600.0), (1.0, 720.0)])
+def test_jittered_spreads_twenty_percent_either_way(fraction: float, expected: float) -> None:
+    assert jittered(600.0, rng=Fixed(fraction)) == pytest.approx(expected)
+
+
+def test_jittered_without_rng_stays_in_the_window() -> None:
+    values = [jittered(10.0) for _ in range(200)]
+    assert all(8.0 <= v <= 12.0 for v in values)
+    assert len(set(values)) > 1

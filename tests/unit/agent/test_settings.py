@@ -30,6 +30,17 @@ def test_defaults_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.identity_mode is IdentityMode.SERVICEACCOUNT
     assert settings.module_signals == [ModuleSignal.KYMA_SPEC, ModuleSignal.APPLICATIONCONNECTOR_CR]
     assert settings.retry_policy.cap == 300
+    assert settings.report_interval_seconds == 300
+    assert settings.revoked_recheck_seconds == 600
+
+
+def test_report_and_recheck_periods_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_BROKER_URL", "https://b")
+    monkeypatch.setenv("AGENT_REPORT_INTERVAL_SECONDS", "120")
+    monkeypatch.setenv("AGENT_REVOKED_RECHECK_SECONDS", "1800")
+    settings = AgentSettings()
+    assert settings.report_interval_seconds == 120
+    assert settings.revoked_recheck_seconds == 1800
 
 
 def test_comma_separated_signals_and_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,6 +62,8 @@ def test_comma_separated_signals_and_overrides(monkeypatch: pytest.MonkeyPatch) 
         {"module_signals": ""},
         {"lease_renew": 20.0, "lease_duration": 15.0},
         {"backoff_cap": 0},
+        {"report_interval_seconds": 0},
+        {"revoked_recheck_seconds": -1},
         {"broker_url": "not a url"},
     ],
 )
