@@ -3,7 +3,14 @@ several apps in one process stay apart). Labels are fixed, low-cardinality words
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from control_plane_broker.connection import fleet
+from control_plane_broker.registration.state import Mapping
 
 
 class Metrics:
@@ -58,9 +65,79 @@ class Metrics:
         self.request_seconds = Histogram(
             "broker_token_request_seconds", "Duration of token requests.", registry=r
         )
+        self.connection_reports = Counter(
+            "broker_connection_reports_total",
+            "Connection reports by outcome: recorded (written to the mapping), unchanged (nothing "
+            "to write), or the problem type it was refused with.",
+            ["outcome"],
+            registry=r,
+        )
+        self.revoked_refusals = Counter(
+            "broker_revoked_refusals_total",
+            "Requests of proven but revoked runtimes refused, by endpoint (token, connection) and "
+            "source (annotation, deny-list).",
+            ["endpoint", "source"],
+            registry=r,
+        )
+        self._fleet = FleetCollector()
+        r.register(self._fleet)
+
+    def watch_fleet(
+        self, mappings: Callable[[], Iterable[Mapping]], clock: Callable[[], float]
+    ) -> None:
+        """The fleet gauges are computed from `mappings` (the watch-fed view) at scrape time."""
+        self._fleet.source = mappings
+        self._fleet.clock = clock
 
     def on_kube_request(self, verb: str, _status: int | None) -> None:
         self.kube_requests.labels(verb).inc()
 
     def on_breaker_state(self, state: str) -> None:
         self.breaker_state.set(0 if state == "closed" else 1)
+
+
+class FleetCollector(Collector):
+    """Gauges over every mapping, computed when scraped (never stale, no bookkeeping)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[Mapping]] | None = None
+        self.clock: Callable[[], float] | None = None
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return list(self._families(None))
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        if self.source is None or self.clock is None:
+            return list(self._families(None))
+        return list(self._families((self.source(), self.clock())))
+
+    def _families(
+        self, given: tuple[Iterable[Mapping], float] | None
+    ) -> Iterator[GaugeMetricFamily]:
+        by_state = GaugeMetricFamily(
+            "broker_runtimes_by_connection_state",
+            "Runtimes (mappings) by the connection state last reported; `unknown`: none yet.",
+            labels=["state"],
+        )
+        oldest = GaugeMetricFamily(
+            "broker_connection_report_oldest_age_seconds",
+            "Age of the oldest recorded last report over all runtimes that reported (the record "
+            "is refreshed every BROKER_REPORT_REFRESH_SECONDS while nothing changes).",
+        )
+        attention = GaugeMetricFamily(
+            "broker_runtimes_attention",
+            "Runtimes flagged: reports-stale, not-connected-after-token, revoked.",
+            labels=["reason"],
+        )
+        if given is not None:
+            mappings, now = given
+            view = fleet(mappings, now=now)
+            for state, count in sorted(view.by_state.items()):
+                by_state.add_metric([state], count)
+            oldest.add_metric([], view.oldest_report_age or 0.0)
+            attention.add_metric(["reports-stale"], view.reports_stale)
+            attention.add_metric(["not-connected-after-token"], view.not_connected_after_token)
+            attention.add_metric(["revoked"], view.revoked)
+        yield by_state
+        yield oldest
+        yield attention

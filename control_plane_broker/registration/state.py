@@ -40,6 +40,10 @@ ANNOTATION_REGISTERED_LABELS = "compass-broker.kyma-project.io/registered-labels
 ANNOTATION_ISSUER_APPROVED = "compass-broker.kyma-project.io/issuer-approved"
 ANNOTATION_ISSUER_PENDING = "compass-broker.kyma-project.io/issuer-pending"
 ANNOTATION_ISSUER_PENDING_SINCE = "compass-broker.kyma-project.io/issuer-pending-since"
+# Set by an operator (`kubectl annotate`, RBAC decides who may): the runtime gets no token and its
+# reports are refused; the value is the operator's reason, shown to the runtime. Never written by
+# the broker.
+ANNOTATION_REVOKED = "compass-broker.kyma-project.io/revoked"
 KIND = "CompassManagerMapping"
 
 
@@ -52,8 +56,61 @@ def from_rfc3339(text: str | None) -> float | None:
         return None
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
+
+
+@dataclass(frozen=True)
+class ConnectionRecord:
+    """`status.connection`: the last connection report recorded (times as epoch seconds)."""
+
+    state: str
+    connected: bool
+    certificate_not_after: str | None = None
+    last_error: str | None = None
+    token_sha256: str | None = None
+    observed_at: float | None = None
+    last_report_at: float | None = None
+    # When a report said connected, as last written (the write is refreshed with lastReportAt):
+    # tells "never connected since the last token" from "connected, then failed".
+    last_connected_at: float | None = None
+
+    @classmethod
+    def parse(cls, raw: object) -> ConnectionRecord | None:
+        """None for a status without a usable record (absent, or edited into another shape)."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("state"), str):
+            return None
+        return cls(
+            state=raw["state"],
+            connected=raw.get("connected") is True,
+            certificate_not_after=_text(raw.get("certificateNotAfter")),
+            last_error=_text(raw.get("lastError")),
+            token_sha256=_text(raw.get("tokenSha256")),
+            observed_at=from_rfc3339(_text(raw.get("observedAt"))),
+            last_report_at=from_rfc3339(_text(raw.get("lastReportAt"))),
+            last_connected_at=from_rfc3339(_text(raw.get("lastConnectedAt"))),
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        """The status field; absent values as null, so a merge patch removes what was there."""
+        return {
+            "state": self.state,
+            "connected": self.connected,
+            "certificateNotAfter": self.certificate_not_after,
+            "lastError": self.last_error,
+            "tokenSha256": self.token_sha256,
+            "observedAt": _stamp(self.observed_at),
+            "lastReportAt": _stamp(self.last_report_at),
+            "lastConnectedAt": _stamp(self.last_connected_at),
+        }
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _stamp(ts: float | None) -> str | None:
+    return None if ts is None else to_rfc3339(ts)
 
 
 @dataclass(frozen=True)
@@ -74,6 +131,9 @@ class Mapping:
     raw: dict[str, Any] = field(repr=False, compare=False)
     issuer_approved: str | None = None
     issuer_pending: str | None = None
+    revoked: str | None = None  # the operator's reason ("" counts: the annotation revokes)
+    connection: ConnectionRecord | None = None
+    last_token_issued_at: float | None = None
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> Mapping:
@@ -96,6 +156,11 @@ class Mapping:
             raw=obj,
             issuer_approved=str(annotations.get(ANNOTATION_ISSUER_APPROVED) or "") or None,
             issuer_pending=str(annotations.get(ANNOTATION_ISSUER_PENDING) or "") or None,
+            revoked=(
+                str(annotations[ANNOTATION_REVOKED]) if ANNOTATION_REVOKED in annotations else None
+            ),
+            connection=ConnectionRecord.parse(status.get("connection")),
+            last_token_issued_at=from_rfc3339(_text(status.get("lastTokenIssuedAt"))),
         )
 
 

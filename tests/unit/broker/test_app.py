@@ -18,6 +18,7 @@ from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.model import KymaView
+from control_plane_broker.reporting import ConnectionReporter
 from control_plane_broker.settings import Settings
 from kubeapi import ClusterAccess, KubeClient
 
@@ -57,10 +58,21 @@ class World:
 def issuer_with(cache: Any, touched: list[str], **given: Any) -> TokenIssuer:
     parts: dict[str, Any] = {
         name: Untouchable(name, touched)
-        for name in ("verifier", "registration", "director", "guard", "status", "limiter")
+        for name in ("verifier", "gate", "registration", "director", "guard", "status", "limiter")
     }
     parts |= given
     return TokenIssuer(settings=Settings(), cache=cache, clock=lambda: 0.0, **parts)
+
+
+def reporter_with(cache: Any, touched: list[str], **given: Any) -> ConnectionReporter:
+    parts: dict[str, Any] = {
+        name: Untouchable(name, touched)
+        for name in ("mappings", "verifier", "gate", "status", "limiter")
+    }
+    parts |= given
+    return ConnectionReporter(
+        settings=Settings(), cache=cache, clock=lambda: 0.0, wall=lambda: 0.0, **parts
+    )
 
 
 @pytest.fixture
@@ -74,6 +86,7 @@ async def world() -> AsyncIterator[World]:
 
     app = create_app(
         issuer=issuer_with(cache, touched),
+        reporter=reporter_with(cache, touched),
         metrics=Metrics(),
         health=Health(ready=ready, live=lambda: live[0]),
         jitter_max=2,
@@ -148,6 +161,7 @@ def exploding_app(touched: list[str]) -> Any:
     cache.synced = True
     return create_app(
         issuer=issuer_with(cache, touched, verifier=Exploding()),
+        reporter=reporter_with(cache, touched, verifier=Exploding()),
         metrics=Metrics(),
         health=Health(ready=lambda: (True, []), live=lambda: True),
         jitter_max=0,
