@@ -251,3 +251,71 @@ async def test_kyma_view_does_not_spin_on_watch_streams_that_end_at_once() -> No
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await client.aclose()
+
+
+# --- the connection report endpoint ------------------------------------------------------------
+
+GOOD_REPORT = {"connectionState": "Connected", "observedAt": "2026-12-03T15:00:00Z"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**GOOD_REPORT, "extra": 1},  # unknown fields are refused
+        {**GOOD_REPORT, "connectionState": "Happy"},
+        {"connectionState": "Connected"},  # observedAt required
+        {**GOOD_REPORT, "observedAt": 1764774000},  # a number is no RFC 3339 time
+        {**GOOD_REPORT, "observedAt": "2026-12-03T15:00:00"},  # no offset
+        {**GOOD_REPORT, "observedAt": "0001-01-01T00:00:00+01:00"},  # before what is recorded
+        {**GOOD_REPORT, "certificateNotAfter": "tomorrow"},
+        {**GOOD_REPORT, "lastError": "e" * 1025},
+        {**GOOD_REPORT, "tokenSha256": "A" * 64},  # lower-case hex only
+        {**GOOD_REPORT, "tokenSha256": "a" * 63},
+        [GOOD_REPORT],
+        "Connected",
+    ],
+)
+async def test_a_malformed_report_is_refused_before_any_lookup(world: World, body: Any) -> None:
+    world.cache.synced = True
+    r = await world.client.post(
+        "/v1/runtimes/rt-1/connection", json=body, headers={"Authorization": SECRET_TEXT}
+    )
+    assert (r.status_code, kind(r)) == (400, "malformed-request")
+    assert SECRET_TEXT not in r.text
+    assert world.touched == []
+
+
+async def test_a_report_over_4_kib_is_refused_without_reading_it_all(world: World) -> None:
+    world.cache.synced = True
+    padded = {**GOOD_REPORT, "lastError": "e" * 1000, "x": " " * 4000}
+    r = await world.client.post("/v1/runtimes/rt-1/connection", json=padded)
+    assert (r.status_code, kind(r)) == (400, "malformed-request")
+    assert "4096" in r.json()["detail"]
+
+    async def endless() -> AsyncIterator[bytes]:  # no Content-Length: chunked
+        for _ in range(1000):
+            yield b" " * 1024
+
+    r = await world.client.post("/v1/runtimes/rt-1/connection", content=endless())
+    assert (r.status_code, kind(r)) == (400, "malformed-request")
+    assert world.touched == []
+
+
+async def test_a_valid_report_waits_for_the_cache_like_a_token(world: World) -> None:
+    r = await world.client.post(
+        "/v1/runtimes/rt-1/connection", json=GOOD_REPORT, headers={"Authorization": "Bearer x"}
+    )
+    assert (r.status_code, kind(r)) == (503, "not-ready")
+    assert world.touched == []
+    r = await world.client.post("/v1/runtimes/a_b/connection", json=GOOD_REPORT)
+    assert (r.status_code, kind(r)) == (400, "malformed-request")
+
+
+async def test_the_report_endpoint_is_in_the_openapi_with_its_body(world: World) -> None:
+    spec = (await world.client.get("/openapi.json")).json()
+    operation = spec["paths"]["/v1/runtimes/{runtimeID}/connection"]["post"]
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert schema["additionalProperties"] is False
+    assert set(schema["required"]) == {"connectionState", "observedAt"}
+    assert set(operation["responses"]) >= {"202", "400", "401", "403", "404", "409", "429", "503"}
+    assert "502" not in operation["responses"]  # a report never reaches Director
