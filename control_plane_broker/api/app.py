@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
 from fastapi import FastAPI, Header, Path, Request, Response
@@ -59,7 +59,6 @@ ConnectionState = Literal[
 ]
 # RFC 3339 text only: strict, so a number is not taken for a Unix time.
 Timestamp = Annotated[AwareDatetime, Strict()]
-EARLIEST_YEAR, LATEST_YEAR = 1970, 9999  # what the mapping's date-time fields can hold
 
 
 class ConnectionReportBody(BaseModel):
@@ -94,21 +93,24 @@ class ReportAccepted(BaseModel):
     )
 
 
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+
+
+def epoch_seconds(stamp: datetime) -> float:
+    """Seconds since the epoch for any aware time pydantic accepts, years 1-9999 with any offset
+    included (`datetime.timestamp` overflows at the ends; a report must not be refused for it)."""
+    offset = stamp.utcoffset() or timedelta(0)
+    return (stamp.replace(tzinfo=None) - _NAIVE_EPOCH - offset).total_seconds()
+
+
 def report_from_body(body: ConnectionReportBody) -> Report:
-    """The validated report; times outside what the mapping can record are malformed."""
-    stamps = [body.observedAt] + ([body.certificateNotAfter] if body.certificateNotAfter else [])
-    for stamp in stamps:
-        try:
-            year = stamp.astimezone(UTC).year
-        except OverflowError:  # year 1 with a positive offset, 9999 with a negative one
-            year = 0
-        if not EARLIEST_YEAR <= year <= LATEST_YEAR:
-            raise MalformedRequest(f"times must lie in the years {EARLIEST_YEAR} to {LATEST_YEAR}")
     return Report(
         state=body.connectionState,
-        observed_at=body.observedAt.timestamp(),
+        observed_at=epoch_seconds(body.observedAt),
         certificate_not_after=(
-            to_rfc3339(body.certificateNotAfter.timestamp()) if body.certificateNotAfter else None
+            to_rfc3339(epoch_seconds(body.certificateNotAfter))
+            if body.certificateNotAfter is not None
+            else None
         ),
         last_error=body.lastError,
         token_sha256=body.tokenSha256,

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from control_plane_broker.model import (
@@ -47,8 +48,15 @@ ANNOTATION_REVOKED = "compass-broker.kyma-project.io/revoked"
 KIND = "CompassManagerMapping"
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_FIRST, _LAST = -62135596800, 253402300799  # 0001-01-01T00:00:00Z, 9999-12-31T23:59:59Z
+
+
 def to_rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """Whole seconds, UTC, `Z`; any time (a report's, from the agent) is clamped to years
+    1-9999, and the year always has four digits, as RFC 3339 and the API server want."""
+    seconds = min(max(math.floor(ts), _FIRST), _LAST)
+    return (_EPOCH + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
 
 
 def from_rfc3339(text: str | None) -> float | None:

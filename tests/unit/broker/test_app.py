@@ -5,6 +5,7 @@ included, is a problem (never a bare 500)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -13,11 +14,17 @@ from typing import Any
 import httpx
 import pytest
 
-from control_plane_broker.api.app import Health, create_app
+from control_plane_broker.api.app import (
+    ConnectionReportBody,
+    Health,
+    create_app,
+    report_from_body,
+)
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.model import KymaView
+from control_plane_broker.registration.state import to_rfc3339
 from control_plane_broker.reporting import ConnectionReporter
 from control_plane_broker.settings import Settings
 from kubeapi import ClusterAccess, KubeClient
@@ -266,7 +273,6 @@ GOOD_REPORT = {"connectionState": "Connected", "observedAt": "2026-12-03T15:00:0
         {"connectionState": "Connected"},  # observedAt required
         {**GOOD_REPORT, "observedAt": 1764774000},  # a number is no RFC 3339 time
         {**GOOD_REPORT, "observedAt": "2026-12-03T15:00:00"},  # no offset
-        {**GOOD_REPORT, "observedAt": "0001-01-01T00:00:00+01:00"},  # before what is recorded
         {**GOOD_REPORT, "certificateNotAfter": "tomorrow"},
         {**GOOD_REPORT, "lastError": "e" * 1025},
         {**GOOD_REPORT, "tokenSha256": "A" * 64},  # lower-case hex only
@@ -319,3 +325,24 @@ async def test_the_report_endpoint_is_in_the_openapi_with_its_body(world: World)
     assert set(schema["required"]) == {"connectionState", "observedAt"}
     assert set(operation["responses"]) >= {"202", "400", "401", "403", "404", "409", "429", "503"}
     assert "502" not in operation["responses"]  # a report never reaches Director
+
+
+@pytest.mark.parametrize(
+    ("text", "recorded"),
+    [
+        ("2027-01-01T00:00:00Z", "2027-01-01T00:00:00Z"),
+        ("2027-01-01T01:30:00.999+01:30", "2027-01-01T00:00:00Z"),
+        ("0001-01-01T00:00:00+01:00", "0001-01-01T00:00:00Z"),  # clamped, not refused
+        ("9999-12-31T23:59:59-01:00", "9999-12-31T23:59:59Z"),
+        ("1969-07-20T20:17:40Z", "1969-07-20T20:17:40Z"),
+    ],
+)
+def test_any_valid_time_in_a_report_is_recorded_as_rfc3339_utc(text: str, recorded: str) -> None:
+    body = ConnectionReportBody.model_validate_json(
+        json.dumps(
+            {"connectionState": "Connected", "observedAt": text, "certificateNotAfter": text}
+        )
+    )
+    report = report_from_body(body)
+    assert report.certificate_not_after == recorded
+    assert to_rfc3339(report.observed_at) == recorded
