@@ -106,7 +106,7 @@ def test_a_revoked_runtime_is_refused_told_and_restored_without_unregistering(
     # (proof the leader went over the revoked mapping), and nothing was unregistered.
     rt_a.patch_kyma({"metadata": {"labels": {"kyma-project.io/broker-plan-name": "marker"}}})
     wait_for(
-        lambda: list(sim.runtimes(rt_a.tenant))[0].labels.get("broker_plan_name") == "marker",
+        lambda: next(iter(sim.runtimes(rt_a.tenant))).labels.get("broker_plan_name") == "marker",
         what="the marker label in Director",
     )
     assert [rt.id for rt in sim.runtimes(rt_a.tenant)] == [registered.id]
