@@ -4,13 +4,14 @@ several apps in one process stay apart). Labels are fixed, low-cardinality words
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from control_plane_broker.connection import fleet
-from control_plane_broker.registration.state import Mapping
+if TYPE_CHECKING:  # the registration package imports this module: no import back at run time
+    from control_plane_broker.connection import Fleet
 
 
 class Metrics:
@@ -82,12 +83,9 @@ class Metrics:
         self._fleet = FleetCollector()
         r.register(self._fleet)
 
-    def watch_fleet(
-        self, mappings: Callable[[], Iterable[Mapping]], clock: Callable[[], float]
-    ) -> None:
-        """The fleet gauges are computed from `mappings` (the watch-fed view) at scrape time."""
-        self._fleet.source = mappings
-        self._fleet.clock = clock
+    def watch_fleet(self, compute: Callable[[], Fleet]) -> None:
+        """The fleet gauges come from `compute` (over the watch-fed view), called at scrape time."""
+        self._fleet.compute = compute
 
     def on_kube_request(self, verb: str, _status: int | None) -> None:
         self.kube_requests.labels(verb).inc()
@@ -100,20 +98,15 @@ class FleetCollector(Collector):
     """Gauges over every mapping, computed when scraped (never stale, no bookkeeping)."""
 
     def __init__(self) -> None:
-        self.source: Callable[[], Iterable[Mapping]] | None = None
-        self.clock: Callable[[], float] | None = None
+        self.compute: Callable[[], Fleet] | None = None
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         return list(self._families(None))
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        if self.source is None or self.clock is None:
-            return list(self._families(None))
-        return list(self._families((self.source(), self.clock())))
+        return list(self._families(self.compute() if self.compute is not None else None))
 
-    def _families(
-        self, given: tuple[Iterable[Mapping], float] | None
-    ) -> Iterator[GaugeMetricFamily]:
+    def _families(self, view: Fleet | None) -> Iterator[GaugeMetricFamily]:
         by_state = GaugeMetricFamily(
             "broker_runtimes_by_connection_state",
             "Runtimes (mappings) by the connection state last reported; `unknown`: none yet.",
@@ -129,9 +122,7 @@ class FleetCollector(Collector):
             "Runtimes flagged: reports-stale, not-connected-after-token, revoked.",
             labels=["reason"],
         )
-        if given is not None:
-            mappings, now = given
-            view = fleet(mappings, now=now)
+        if view is not None:
             for state, count in sorted(view.by_state.items()):
                 by_state.add_metric([state], count)
             oldest.add_metric([], view.oldest_report_age or 0.0)

@@ -27,6 +27,7 @@ import httpx
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.api.app import Health, create_app
 from control_plane_broker.api.server import bind, build_server
+from control_plane_broker.connection import fleet
 from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
@@ -247,7 +248,7 @@ async def run(  # noqa: PLR0915
         metrics=metrics,
         deny_list=deny_list(settings.xfcc_deny_list_file),
     )
-    metrics.watch_fleet(mappings.values, wall)
+    metrics.watch_fleet(lambda: fleet(mappings.values(), now=wall()))
     issuer = TokenIssuer(
         settings=settings,
         cache=kymas,
