@@ -161,7 +161,7 @@ class RuntimeRevoked(PermanentError):
     status = 403
     title = "The runtime is revoked in the control plane"
 
-    def __init__(self, message: str, *, source: str) -> None:
+    def __init__(self, message: str, *, source: str = "annotation") -> None:
         super().__init__(message)
         self.source = source  # annotation | deny-list: a fixed metric label
 

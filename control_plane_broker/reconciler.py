@@ -16,6 +16,7 @@ workers share the queue; one name is never reconciled by two workers at once. Ho
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,15 +171,13 @@ class Reconciler:
                 await asyncio.sleep(0)
             if mapping.deleting:
                 continue
-            now = self._clock()
-            if connection.check(mapping, now=now, limits=limits) is None:
+            judge = functools.partial(connection.check, now=self._clock(), limits=limits)
+            if judge(mapping) is None:
                 continue  # the common case: decided on the view, no request
             kyma = self._cache.get(mapping.name)
             try:
                 if await self._status.apply_change(
-                    mapping,
-                    lambda m, now=now: connection.check(m, now=now, limits=limits),
-                    kyma_uid=kyma.uid if kyma is not None else "",
+                    mapping, judge, kyma_uid=kyma.uid if kyma is not None else ""
                 ):
                     written += 1
             except KubeError as exc:

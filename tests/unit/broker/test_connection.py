@@ -158,7 +158,9 @@ def test_a_failure_sets_connected_false_with_the_state_and_the_error() -> None:
 
 
 def test_an_older_report_never_overwrites_a_newer_one() -> None:
-    m = applied(mapping(), record_report(mapping(), report(at=T0 + 100), now=T0, limits=LIMITS))
+    m = applied(
+        mapping(), record_report(mapping(), report(at=T0 + 100), now=T0 + 150, limits=LIMITS)
+    )
     late = report("ConnectionFailed", at=T0 + 50)
     assert record_report(m, late, now=T0 + 200, limits=LIMITS) is None
 
