@@ -5,7 +5,7 @@ condition and a Warning Event from the leader."""
 
 from __future__ import annotations
 
-import json
+import ssl
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,15 +53,20 @@ def total_attempts(sim: Any) -> int:
 
 
 def mapping_table(kcp: TestCluster, namespace: str) -> dict[str, Any]:
-    """`kubectl get compassmanagermappings` as the API server renders it (a meta.k8s.io Table)."""
-    response = kcp.api_client.call_api(
-        f"/apis/{GROUP}/v1beta1/namespaces/{namespace}/compassmanagermappings",
-        "GET",
-        header_params={"Accept": TABLE},
-        auth_settings=["BearerToken"],
-        _preload_content=False,
+    """`kubectl get compassmanagermappings` as the API server renders it (a meta.k8s.io Table),
+    asked for as kubectl does, as the admin."""
+    pki = kcp.workdir / "pki"
+    tls = ssl.create_default_context(cafile=str(kcp.ca_file))
+    tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    response = httpx.get(
+        f"{kcp.server}/apis/{GROUP}/v1beta1/namespaces/{namespace}/compassmanagermappings",
+        headers={"Accept": TABLE},
+        verify=tls,
+        timeout=30,
     )
-    table: dict[str, Any] = json.loads(response[0].data)
+    response.raise_for_status()
+    table: dict[str, Any] = response.json()
+    assert table["kind"] == "Table"
     return table
 
 
