@@ -52,11 +52,15 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _FIRST, _LAST = -62135596800, 253402300799  # 0001-01-01T00:00:00Z, 9999-12-31T23:59:59Z
 
 
-def to_rfc3339(ts: float) -> str:
-    """Whole seconds, UTC, `Z`; any time (a report's, from the agent) is clamped to years
-    1-9999, and the year always has four digits, as RFC 3339 and the API server want."""
-    seconds = min(max(math.floor(ts), _FIRST), _LAST)
-    return (_EPOCH + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+def to_rfc3339(ts: float, *, microseconds: bool = False) -> str:
+    """UTC, `Z`, whole seconds (or with the microseconds, when there are any and asked for);
+    any time (a report's, from the agent) is clamped to years 1-9999, and the year always has
+    four digits, as RFC 3339 and the API server want."""
+    whole = math.floor(ts)
+    seconds = min(max(whole, _FIRST), _LAST)
+    fraction = int((ts - whole) * 1_000_000) if microseconds and seconds == whole else 0
+    stamp = _EPOCH + timedelta(seconds=seconds, microseconds=min(fraction, 999_999))
+    return stamp.isoformat().replace("+00:00", "Z")
 
 
 def from_rfc3339(text: str | None) -> float | None:
@@ -107,7 +111,13 @@ class ConnectionRecord:
             "certificateNotAfter": self.certificate_not_after,
             "lastError": self.last_error,
             "tokenSha256": self.token_sha256,
-            "observedAt": _stamp(self.observed_at),
+            # Microseconds kept: two reports of one second, racing to two replicas, are
+            # still told apart by when they were observed.
+            "observedAt": (
+                None
+                if self.observed_at is None
+                else to_rfc3339(self.observed_at, microseconds=True)
+            ),
             "lastReportAt": _stamp(self.last_report_at),
             "lastConnectedAt": _stamp(self.last_connected_at),
         }

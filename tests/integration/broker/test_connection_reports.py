@@ -6,6 +6,7 @@ condition and a Warning Event from the leader."""
 from __future__ import annotations
 
 import ssl
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -213,6 +214,25 @@ def test_two_brokers_receiving_reports_alternately_lose_no_update(
         connected = condition(rt_a, "Connected")
         assert connected is not None
         assert connected["message"] == f"report {index}"
+    # At once: two reports, one to each replica, racing for the same mapping version. Whatever
+    # order they land in, the newer observation is what stays: the older one either conflicts
+    # and is judged again on top of the newer, or is overwritten by it.
+    with ThreadPoolExecutor(2) as pool:
+        for pair in range(10):
+            older = body(states[pair % len(states)], lastError=f"older {pair}")
+            newer = body(states[(pair + 1) % len(states)], lastError=f"newer {pair}")
+            answers = list(
+                pool.map(
+                    lambda sent: sent[0].report_connection(rt_a.runtime_id, token, body=sent[1]),
+                    [(one, older), (two, newer)] if pair % 2 else [(two, older), (one, newer)],
+                )
+            )
+            assert [a.status_code for a in answers] == [202, 202], [a.text for a in answers]
+            connection = status(rt_a)["connection"]
+            assert connection["lastError"] == f"newer {pair}"
+            connected = condition(rt_a, "Connected")
+            assert connected is not None
+            assert connected["message"] == f"newer {pair}"
     # The token's conditions, written by another code path, survived every report.
     assert condition(rt_a, "TokenIssued") is not None
     assert condition(rt_a, "Registered") is not None

@@ -302,3 +302,11 @@ def test_the_fleet_counts_every_state_and_the_oldest_report() -> None:
     assert view.oldest_report_age == 100
     assert (view.reports_stale, view.revoked) == (1, 1)
     assert fleet([], now=T0).oldest_report_age is None
+
+
+def test_reports_within_one_second_are_ordered_by_their_microseconds() -> None:
+    newer = report("ConnectionFailed", at=T0 + 0.75)
+    m = applied(mapping(), record_report(mapping(), newer, now=T0 + 1, limits=LIMITS))
+    assert m.raw["status"]["connection"]["observedAt"] == "2027-01-15T08:00:00.750000Z"
+    older = report("Connected", at=T0 + 0.5)
+    assert record_report(m, older, now=T0 + 1, limits=LIMITS) is None
