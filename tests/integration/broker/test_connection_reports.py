@@ -25,7 +25,7 @@ from tests.integration.broker.conftest import (
 PROBLEM = "urn:kyma-compass-pull:broker:problem:"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 SHA = "0123456789abcdef" * 4
-FAST = {"BROKER_REPORT_MIN_INTERVAL_SECONDS": "0.05"}
+FAST = {"BROKER_REPORT_MIN_INTERVAL_SECONDS": "0.001"}
 
 
 def now_text() -> str:
