@@ -9,13 +9,15 @@
     │   ├── ControlPlaneUnavailable 503  the KCP API server could not be reached
     │   ├── RuntimeKubeconfigInvalid 503 the runtime's kubeconfig Secret in KCP breaks our rules
     │   ├── InternalError           503  a bug in the broker (logged); never a bare 500
-    │   └── RateLimited             429  too many token issues for one runtime
+    │   └── RateLimited             429  too many token issues or connection reports for one runtime
     └── PermanentError              (the same request will fail the same way)
         ├── MalformedRequest        400  runtime ID or headers fail validation
         ├── IdentityNotProven       401  no proof, or the proof does not hold for this runtime
         ├── IdentityForbidden       403  proven, but another runtime or a ServiceAccount not allowed
         │   └── EnrolmentPending    403  BYOC: the token's issuer awaits an operator's approval
+        ├── RuntimeRevoked          403  proven, but an operator revoked the runtime
         ├── RuntimeNotFound         404  no Kyma for this runtime ID
+        ├── RuntimeNotRegistered    409  a connection report for a runtime without a mapping
         ├── ModuleNotEnabled        409  the application-connector module is off
         ├── KymaDeleting            409  the Kyma has a deletion timestamp
         ├── KymaIncomplete          409  the Kyma lacks the labels registration needs
@@ -107,7 +109,7 @@ class InternalError(TemporaryError):
 class RateLimited(TemporaryError):
     slug = "rate-limited"
     status = 429
-    title = "Too many token requests for this runtime"
+    title = "Too many requests for this runtime"
 
 
 class MalformedRequest(PermanentError):
@@ -150,10 +152,33 @@ class EnrolmentPending(IdentityForbidden):
         super().__init__(message, reason=reason)
 
 
+class RuntimeRevoked(PermanentError):
+    """An operator revoked the runtime (annotation on its mapping, or its client certificate on
+    the xfcc deny list). Raised only after the caller proved to be this runtime, so it tells an
+    unproven caller nothing."""
+
+    slug = "runtime-revoked"
+    status = 403
+    title = "The runtime is revoked in the control plane"
+
+    def __init__(self, message: str, *, source: str = "annotation") -> None:
+        super().__init__(message)
+        self.source = source  # annotation | deny-list: a fixed metric label
+
+
 class RuntimeNotFound(PermanentError):
     slug = "runtime-not-found"
     status = 404
     title = "No Kyma for this runtime"
+
+
+class RuntimeNotRegistered(PermanentError):
+    """A connection report for a runtime that has no mapping yet: there is nothing to record it
+    on, and the broker creates mappings only to register (the first token request does)."""
+
+    slug = "runtime-not-registered"
+    status = 409
+    title = "The runtime has no mapping in the control plane yet"
 
 
 class ModuleNotEnabled(PermanentError):

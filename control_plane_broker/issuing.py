@@ -1,7 +1,7 @@
 """The token request use case, cheapest refusals first:
 
-validate the runtime ID → the Kyma cache is synced → prove the identity → policy on the cached
-Kyma → per-runtime rate limit → circuit breaker → a booked turn at Director's capacity →
+validate the runtime ID → the Kyma cache is synced → prove the identity → not revoked → policy on
+the cached Kyma → per-runtime rate limit → circuit breaker → a booked turn at Director's capacity →
 register (only a runtime not registered yet) → request the token.
 
 Holds: nothing reaches Director unless the runtime ID is valid, the caller proved to be this
@@ -9,7 +9,8 @@ runtime, the Kyma allows it and Director's capacity has room for the request wit
 timeout (otherwise the caller is told when to come back); an unknown runtime and a bad proof
 look the same to a caller that cannot prove who it is (both 401); concurrent requests of one
 runtime share one registration, but every caller gets its own one-time token; a runtime whose
-mapping is being deleted gets none; issued tokens are rate-limited per runtime.
+mapping is being deleted gets none; a revoked runtime gets none (told only once it proved who it
+is); issued tokens are rate-limited per runtime.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from control_plane_broker.model import KymaView
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import RateLimiter
 from control_plane_broker.registration.service import Registered, RegistrationService
+from control_plane_broker.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
 from control_plane_broker.status import StatusRecorder
 
@@ -66,6 +68,7 @@ class TokenIssuer:
         settings: Settings,
         cache: KymaReader,
         verifier: Verifier,
+        gate: RevocationGate,
         registration: RegistrationService,
         director: DirectorApi,
         guard: DirectorGuard,
@@ -76,6 +79,7 @@ class TokenIssuer:
         self._settings = settings
         self._cache = cache
         self._verifier = verifier
+        self._gate = gate
         self._registration = registration
         self._director = director
         self._guard = guard
@@ -88,7 +92,8 @@ class TokenIssuer:
         if not self._cache.synced:
             raise NotReady("the Kyma cache has not synced yet", retry_after=2)
         # Identity before existence: who cannot prove to be this runtime learns nothing about it.
-        await self._verifier.verify(runtime_id=runtime_id, headers=headers)
+        identity = await self._verifier.verify(runtime_id=runtime_id, headers=headers)
+        self._gate.check(kyma_name, identity, endpoint="token")
         kyma = check_token_allowed(
             self._cache.get(kyma_name),
             module=self._settings.module_name,

@@ -3,7 +3,15 @@ several apps in one process stay apart). Labels are fixed, low-cardinality words
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:  # the registration package imports this module: no import back at run time
+    from control_plane_broker.connection import Fleet
 
 
 class Metrics:
@@ -58,9 +66,69 @@ class Metrics:
         self.request_seconds = Histogram(
             "broker_token_request_seconds", "Duration of token requests.", registry=r
         )
+        self.connection_reports = Counter(
+            "broker_connection_reports_total",
+            "Connection reports by outcome: recorded (written to the mapping), unchanged (nothing "
+            "to write), or the problem type it was refused with.",
+            ["outcome"],
+            registry=r,
+        )
+        self.revoked_refusals = Counter(
+            "broker_revoked_refusals_total",
+            "Requests of proven but revoked runtimes refused, by endpoint (token, connection) and "
+            "source (annotation, deny-list).",
+            ["endpoint", "source"],
+            registry=r,
+        )
+        self._fleet = FleetCollector()
+        r.register(self._fleet)
+
+    def watch_fleet(self, compute: Callable[[], Fleet]) -> None:
+        """The fleet gauges come from `compute` (over the watch-fed view), called at scrape time."""
+        self._fleet.compute = compute
 
     def on_kube_request(self, verb: str, _status: int | None) -> None:
         self.kube_requests.labels(verb).inc()
 
     def on_breaker_state(self, state: str) -> None:
         self.breaker_state.set(0 if state == "closed" else 1)
+
+
+class FleetCollector(Collector):
+    """Gauges over every mapping, computed when scraped (never stale, no bookkeeping)."""
+
+    def __init__(self) -> None:
+        self.compute: Callable[[], Fleet] | None = None
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return list(self._families(None))
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        return list(self._families(self.compute() if self.compute is not None else None))
+
+    def _families(self, view: Fleet | None) -> Iterator[GaugeMetricFamily]:
+        by_state = GaugeMetricFamily(
+            "broker_runtimes_by_connection_state",
+            "Runtimes (mappings) by the connection state last reported; `unknown`: none yet.",
+            labels=["state"],
+        )
+        oldest = GaugeMetricFamily(
+            "broker_connection_report_oldest_age_seconds",
+            "Age of the oldest recorded last report over all runtimes that reported (the record "
+            "is refreshed every BROKER_REPORT_REFRESH_SECONDS while nothing changes).",
+        )
+        attention = GaugeMetricFamily(
+            "broker_runtimes_attention",
+            "Runtimes flagged: reports-stale, not-connected-after-token, revoked.",
+            labels=["reason"],
+        )
+        if view is not None:
+            for state, count in sorted(view.by_state.items()):
+                by_state.add_metric([state], count)
+            oldest.add_metric([], view.oldest_report_age or 0.0)
+            attention.add_metric(["reports-stale"], view.reports_stale)
+            attention.add_metric(["not-connected-after-token"], view.not_connected_after_token)
+            attention.add_metric(["revoked"], view.revoked)
+        yield by_state
+        yield oldest
+        yield attention

@@ -1,4 +1,6 @@
-"""The leader's reconciler: unregisters runtimes whose Kyma is gone, syncs Director labels.
+"""The leader's reconciler: unregisters runtimes whose Kyma is gone, syncs Director labels, and
+judges every runtime's connection health periodically (stale reports, no connection after a
+token: `connection.check`, written only on change).
 
 Level-based: a watch event (Kyma or mapping) or the periodic sweep only queues a Kyma name;
 reconciling plans on the watch-fed views (`plan` is pure) and, before it acts, re-reads the
@@ -14,10 +16,12 @@ workers share the queue; one name is never reconciled by two workers at once. Ho
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from control_plane_broker import connection
 from control_plane_broker.director.client import DirectorApi
 from control_plane_broker.errors import BrokerError, KymaIncomplete
 from control_plane_broker.kube.events import KymaEvents
@@ -28,12 +32,15 @@ from control_plane_broker.policy import module_enabled
 from control_plane_broker.registration import naming, state
 from control_plane_broker.registration.service import MappingReader
 from control_plane_broker.registration.state import Mapping
+from control_plane_broker.reporting import report_limits
 from control_plane_broker.retry import backoff
 from control_plane_broker.settings import Settings
 from control_plane_broker.status import StatusRecorder
 from kubeapi import Conflict, Informer, KubeError
 
 log = logging.getLogger(__name__)
+
+CHECK_BATCH = 200  # mappings judged between two yields to the event loop
 
 
 @dataclass(frozen=True)
@@ -145,6 +152,39 @@ class Reconciler:
                 next_sweep = self._clock() + self._s.sweep_interval_seconds
             was_leading = leading and self._cache.synced
             await asyncio.sleep(0.5)
+
+    async def run_connection_checks(self) -> None:
+        """Every BROKER_CONNECTION_CHECK_INTERVAL_SECONDS, while leading: `check_connections`."""
+        while True:
+            await asyncio.sleep(self._s.connection_check_interval_seconds)
+            if self._leading() and self._cache.synced and self._mapping_view.synced:
+                await self.check_connections()
+
+    async def check_connections(self) -> int:
+        """Judges every mapping of the view; writes (and tells) only what changed. Returns the
+        number of mappings written. A mapping that cannot be written now is tried again at the
+        next check: the judgement is level-based, nothing is lost by skipping one."""
+        limits = report_limits(self._s)
+        written = 0
+        for index, mapping in enumerate(self._mapping_view.values()):
+            if index % CHECK_BATCH == CHECK_BATCH - 1:
+                await asyncio.sleep(0)
+            if mapping.deleting:
+                continue
+            judge = functools.partial(connection.check, now=self._clock(), limits=limits)
+            if judge(mapping) is None:
+                continue  # the common case: decided on the view, no request
+            kyma = self._cache.get(mapping.name)
+            try:
+                if await self._status.apply_change(
+                    mapping, judge, kyma_uid=kyma.uid if kyma is not None else ""
+                ):
+                    written += 1
+            except KubeError as exc:
+                log.warning(
+                    "connection check not written", extra={"kyma": mapping.name, "error": str(exc)}
+                )
+        return written
 
     async def run_worker(self) -> None:
         while True:

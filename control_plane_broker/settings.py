@@ -91,6 +91,11 @@ class Settings(BaseSettings):
         default=False,
         description="xfcc mode: trust `X-Forwarded-Client-Cert` (only behind the gateway).",
     )
+    xfcc_deny_list_file: Path | None = Field(
+        default=None,
+        description="xfcc mode: file of revoked client certificates, one SHA-256 hash (the XFCC "
+        "`Hash=` value) per line, `#` comments; re-read when it changes.",
+    )
     identity_cache_max_seconds: float = Field(
         default=600.0, description="Upper bound for caching a positive TokenReview verdict."
     )
@@ -131,6 +136,41 @@ class Settings(BaseSettings):
     )
     retry_after_jitter_seconds: float = Field(
         default=5.0, description="Random extra seconds added to Retry-After."
+    )
+    report_min_interval_seconds: float = Field(
+        default=10.0,
+        description="At most one connection report per runtime per this many seconds (per "
+        "replica); more get 429.",
+        gt=0,
+    )
+    report_interval_seconds: int = Field(
+        default=300,
+        description="The heartbeat the broker asks agents for (`nextReportAfterSeconds`).",
+        gt=0,
+    )
+    report_refresh_seconds: float = Field(
+        default=3600.0,
+        description="An unchanged report is written to the mapping only when the recorded "
+        "`lastReportAt` is older than this.",
+        gt=0,
+    )
+    report_stale_seconds: float = Field(
+        default=7200.0,
+        description="A recorded last report older than this sets condition `ReportsStale`; must "
+        "exceed BROKER_REPORT_REFRESH_SECONDS + BROKER_REPORT_INTERVAL_SECONDS.",
+        gt=0,
+    )
+    connect_deadline_seconds: float = Field(
+        default=900.0,
+        description="A runtime given a token that has not reported Connected this long after it "
+        "gets `Connected=False` reason `NotConnectedAfterToken`.",
+        gt=0,
+    )
+    connection_check_interval_seconds: float = Field(
+        default=60.0,
+        description="Period of the leader's check of every mapping for stale reports and "
+        "runtimes not connected after a token.",
+        gt=0,
     )
     registration_claim_seconds: float = Field(
         default=60.0, description="Lifetime of a registration claim; a crashed holder's expires."
@@ -174,6 +214,25 @@ class Settings(BaseSettings):
                 f"exceed 3 x BROKER_DIRECTOR_TIMEOUT_SECONDS + "
                 f"BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS ({budget:g})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _reports_fit_together(self) -> Settings:
+        # The recorded lastReportAt lags the last report by up to the refresh interval plus one
+        # heartbeat: a stale bound within that would flag runtimes that report fine.
+        lag = self.report_refresh_seconds + self.report_interval_seconds
+        if self.report_stale_seconds <= lag:
+            raise ValueError(
+                f"BROKER_REPORT_STALE_SECONDS ({self.report_stale_seconds:g}) must exceed "
+                f"BROKER_REPORT_REFRESH_SECONDS + BROKER_REPORT_INTERVAL_SECONDS ({lag:g})"
+            )
+        if self.report_interval_seconds < self.report_min_interval_seconds:
+            raise ValueError(
+                "BROKER_REPORT_INTERVAL_SECONDS must not be below "
+                "BROKER_REPORT_MIN_INTERVAL_SECONDS: agents would be asked to report too often"
+            )
+        if self.xfcc_deny_list_file is not None and self.identity_mode != "xfcc":
+            raise ValueError("BROKER_XFCC_DENY_LIST_FILE is for BROKER_IDENTITY_MODE=xfcc only")
         return self
 
     def allowed_service_account_set(self) -> frozenset[tuple[str, str]]:

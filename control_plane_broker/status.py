@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from control_plane_broker.connection import Change
 from control_plane_broker.errors import BrokerError, TemporaryError
 from control_plane_broker.kube.events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 300
 TOKEN_TIMESTAMP_REFRESH = 600.0
+CHANGE_ROUNDS = 4  # conflicts in a row before a connection write gives up (the caller retries)
 
 
 def failure_text(exc: BaseException) -> tuple[str, str]:
@@ -143,6 +145,42 @@ class StatusRecorder:
                 return
             except Conflict:
                 current = await self._repo.get(name)
+
+    async def apply_change(
+        self,
+        mapping: Mapping,
+        compute: Callable[[Mapping], Change | None],
+        *,
+        kyma_uid: str = "",
+    ) -> bool:
+        """Writes what `compute` decides, starting from `mapping` (the watch-fed view) and, after
+        a conflict, from the current object: another replica's write is never overwritten and
+        never lost, the change is recomputed on top of it. Returns whether anything was written
+        (and emits its Events); raises `KubeError`, `Conflict` after `CHANGE_ROUNDS` in a row."""
+        current: Mapping | None = mapping
+        for _ in range(CHANGE_ROUNDS):
+            if current is None:
+                return False
+            change = compute(current)
+            if change is None:
+                return False
+            try:
+                await self._repo.patch_status(
+                    current.name, change.status, resource_version=current.resource_version
+                )
+            except Conflict:
+                current = await self._repo.get(mapping.name)
+                continue
+            for tell in change.events:
+                self._events.emit(
+                    kyma_name=mapping.name,
+                    kyma_uid=kyma_uid,
+                    reason=tell.reason,
+                    message=tell.message,
+                    warning=True,
+                )
+            return True
+        raise Conflict(f"mapping {mapping.name} kept changing")
 
     async def issued(self, *, kyma: KymaView, registered: Registered) -> None:
         now = self._clock()

@@ -27,10 +27,12 @@ import httpx
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.api.app import Health, create_app
 from control_plane_broker.api.server import bind, build_server
+from control_plane_broker.connection import fleet
 from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
 from control_plane_broker.director.thread import DirectorInThread, LoopThread
+from control_plane_broker.identity.deny_list import DenyListFile
 from control_plane_broker.identity.enrolment import EnrolmentVerifier
 from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
@@ -46,7 +48,9 @@ from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
 from control_plane_broker.reconciler import Reconciler
 from control_plane_broker.registration.service import Hook, RegistrationService
 from control_plane_broker.registration.state import Mapping
+from control_plane_broker.reporting import ConnectionReporter
 from control_plane_broker.retry import watch_backoff
+from control_plane_broker.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings, load_director_credentials
 from control_plane_broker.status import StatusRecorder
 from control_plane_broker.supervisor import LoopWatch, Supervisor
@@ -67,6 +71,15 @@ def issuer_tls(ca_file: Path | None) -> ssl.SSLContext | bool:
     context = ssl.create_default_context(cafile=certifi.where())
     context.load_verify_locations(cafile=str(ca_file))
     return context
+
+
+def deny_list(path: Path | None) -> DenyListFile | None:
+    if path is None:
+        return None
+    try:
+        return DenyListFile(path)
+    except OSError as exc:
+        raise SystemExit(f"BROKER_XFCC_DENY_LIST_FILE {path}: {exc.strerror}") from None
 
 
 def replica_identity() -> str:
@@ -197,7 +210,10 @@ async def run(  # noqa: PLR0915
             clock=mono,
         )
     else:
-        inner = XfccVerifier(trusted=settings.xfcc_trusted)
+        inner = XfccVerifier(
+            trusted=settings.xfcc_trusted,
+            deny_list_configured=settings.xfcc_deny_list_file is not None,
+        )
     if settings.byoc_enrolment and (
         settings.identity_mode == "tokenreview"
         or (settings.identity_mode == "jwks" and not settings.jwks_issuer_url)
@@ -224,10 +240,20 @@ async def run(  # noqa: PLR0915
             required_module=settings.module_name if settings.module_policy == "required" else None,
             clock=mono,
         )
+    verifier = CountingVerifier(inner, metrics)
+    gate = RevocationGate(
+        mappings=mappings,
+        kymas=kymas,
+        events=events,
+        metrics=metrics,
+        deny_list=deny_list(settings.xfcc_deny_list_file),
+    )
+    metrics.watch_fleet(lambda: fleet(mappings.values(), now=wall()))
     issuer = TokenIssuer(
         settings=settings,
         cache=kymas,
-        verifier=CountingVerifier(inner, metrics),
+        verifier=verifier,
+        gate=gate,
         registration=registration,
         director=director,
         guard=guard,
@@ -238,6 +264,19 @@ async def run(  # noqa: PLR0915
             )
         ),
         clock=mono,
+    )
+    reporter = ConnectionReporter(
+        settings=settings,
+        cache=kymas,
+        mappings=mappings,
+        verifier=verifier,
+        gate=gate,
+        status=status,
+        limiter=RateLimiter(
+            BucketPolicy(burst=1, per_second=1 / settings.report_min_interval_seconds)
+        ),
+        clock=mono,
+        wall=wall,
     )
 
     supervisor = Supervisor(on_restart=lambda task: metrics.task_restarts.labels(task).inc())
@@ -256,6 +295,7 @@ async def run(  # noqa: PLR0915
 
     app = create_app(
         issuer=issuer,
+        reporter=reporter,
         metrics=metrics,
         health=Health(ready=ready, live=loop_watch.healthy),
         jitter_max=settings.retry_after_jitter_seconds,
@@ -296,6 +336,7 @@ async def run(  # noqa: PLR0915
         for index in range(RECONCILE_WORKERS):
             supervisor.start(f"reconcile-{index}", reconciler.run_worker)
         supervisor.start("sweep", reconciler.run_sweeps)
+        supervisor.start("connection-check", reconciler.run_connection_checks)
 
     sock = bind(settings.host, settings.port)
     server = build_server(app, header_timeout=HEADER_TIMEOUT_SECONDS)

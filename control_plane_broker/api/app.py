@@ -1,4 +1,5 @@
-"""FastAPI application: the token endpoint, health, readiness, metrics, and /openapi.json.
+"""FastAPI application: the token and connection report endpoints, health, readiness, metrics,
+and /openapi.json.
 
 Holds: every error leaves as application/problem+json; request logs carry method, path, status
 and duration, never headers or bodies; metrics are recorded here (the request loop), not below.
@@ -13,21 +14,25 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
+from datetime import datetime, timedelta
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, Header, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for, type_uri
+from control_plane_broker.connection import Report
 from control_plane_broker.errors import BrokerError, InternalError, MalformedRequest
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.policy import RUNTIME_ID_PATTERN, RUNTIME_ID_RULE
+from control_plane_broker.registration.state import to_rfc3339
+from control_plane_broker.reporting import ConnectionReporter
 from control_plane_broker.retry import Jitter
 
 log = logging.getLogger("control_plane_broker.access")
@@ -41,6 +46,100 @@ class TokenResponse(BaseModel):
     expiresAt: str | int | float | None = None
 
 
+MAX_REPORT_BYTES = 4096
+ConnectionState = Literal[
+    "Connected",
+    "ConnectionFailed",
+    "ConnectionMaintenanceFailed",
+    "SynchronizationFailed",
+    "ResourceApplicationFailed",
+    "MetadataUpdateFailed",
+    "Synchronized",
+    "NotFound",
+]
+# RFC 3339 text only: strict, so a number is not taken for a Unix time.
+Timestamp = Annotated[AwareDatetime, Strict()]
+
+
+class ConnectionReportBody(BaseModel):
+    """What the agent observed in its runtime's `CompassConnection`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    connectionState: ConnectionState = Field(
+        description="`status.connectionState` of the CompassConnection, or `NotFound` when "
+        "there is none (yet)."
+    )
+    certificateNotAfter: Timestamp | None = Field(
+        default=None,
+        description="`status.connectionStatus.certificateStatus.notAfter` (RFC 3339).",
+    )
+    lastError: str | None = Field(
+        default=None, max_length=1024, description="`status.connectionStatus.error`."
+    )
+    tokenSha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="SHA-256 (lower-case hex) of the last one-time token the agent received; "
+        "never the token.",
+    )
+    observedAt: Timestamp = Field(description="When the agent read the state (RFC 3339).")
+
+
+class ReportAccepted(BaseModel):
+    nextReportAfterSeconds: int = Field(
+        description="The heartbeat the broker wishes; the agent reports after at most this "
+        "long (jittered) unless something changes first."
+    )
+
+
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+
+
+def epoch_seconds(stamp: datetime) -> float:
+    """Seconds since the epoch for any aware time pydantic accepts, years 1-9999 with any offset
+    included (`datetime.timestamp` overflows at the ends; a report must not be refused for it)."""
+    offset = stamp.utcoffset() or timedelta(0)
+    return (stamp.replace(tzinfo=None) - _NAIVE_EPOCH - offset).total_seconds()
+
+
+def report_from_body(body: ConnectionReportBody) -> Report:
+    return Report(
+        state=body.connectionState,
+        observed_at=epoch_seconds(body.observedAt),
+        certificate_not_after=(
+            to_rfc3339(epoch_seconds(body.certificateNotAfter))
+            if body.certificateNotAfter is not None
+            else None
+        ),
+        last_error=body.lastError,
+        token_sha256=body.tokenSha256,
+    )
+
+
+async def read_report(request: Request) -> Report:
+    """The request body, at most `MAX_REPORT_BYTES` (read no further), as a validated report."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_REPORT_BYTES):
+        raise MalformedRequest(f"the body must be JSON of at most {MAX_REPORT_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_REPORT_BYTES:
+            raise MalformedRequest(f"the body must be JSON of at most {MAX_REPORT_BYTES} bytes")
+    try:
+        parsed = ConnectionReportBody.model_validate_json(bytes(body))
+    except ValidationError:
+        # Which field failed, never the value: the body is the caller's input.
+        raise MalformedRequest("the connection report failed validation") from None
+    return report_from_body(parsed)
+
+
+def _report_request_body() -> dict[str, object]:
+    schema = ConnectionReportBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
 class ProblemModel(BaseModel):
     type: str
     title: str
@@ -49,22 +148,27 @@ class ProblemModel(BaseModel):
     instance: str
 
 
-def _problem_responses() -> dict[int | str, dict[str, object]]:
+_PROBLEMS: dict[int, str] = {
+    400: "Malformed runtime ID or request",
+    401: "Identity not proven",
+    403: "Proven identity, not for this runtime or ServiceAccount not allowed; (BYOC) the "
+    "token's issuer awaits an operator's approval; or the runtime is revoked",
+    404: "No Kyma for this runtime",
+    409: "Module not enabled or Kyma being deleted",
+    429: "Per-runtime rate limit (Retry-After)",
+    502: "Compass rejected the request",
+    503: "Compass or control plane unavailable (Retry-After)",
+}
+
+
+def _problem_responses(
+    *, without: tuple[int, ...] = (), overrides: dict[int, str] | None = None
+) -> dict[int | str, dict[str, object]]:
     out: dict[int | str, dict[str, object]] = {}
-    for status, text in (
-        (400, "Malformed runtime ID"),
-        (401, "Identity not proven"),
-        (
-            403,
-            "Proven identity, not for this runtime or ServiceAccount not allowed; or (BYOC) "
-            "the token's issuer awaits an operator's approval",
-        ),
-        (404, "No Kyma for this runtime"),
-        (409, "Module not enabled or Kyma being deleted"),
-        (429, "Per-runtime rate limit (Retry-After)"),
-        (502, "Compass rejected the request"),
-        (503, "Compass or control plane unavailable (Retry-After)"),
-    ):
+    texts = _PROBLEMS | (overrides or {})
+    for status, text in texts.items():
+        if status in without:
+            continue
         out[status] = {"model": ProblemModel, "description": text, "content": {MEDIA_TYPE: {}}}
     return out
 
@@ -111,6 +215,7 @@ class AccessLog:
 def create_app(
     *,
     issuer: TokenIssuer,
+    reporter: ConnectionReporter,
     metrics: Metrics,
     health: Health,
     jitter_max: float,
@@ -134,8 +239,13 @@ def create_app(
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         if any("runtimeID" in (error.get("loc") or ()) for error in exc.errors()):
             # The route's own check (the pattern is in the OpenAPI description): counted as
-            # the token endpoint's malformed requests, like any other refusal of it.
-            metrics.token_requests.labels(MalformedRequest.slug).inc()
+            # the endpoint's malformed requests, like any other refusal of it.
+            counter = (
+                metrics.connection_reports
+                if request.url.path.endswith("/connection")
+                else metrics.token_requests
+            )
+            counter.labels(MalformedRequest.slug).inc()
             return problem(MalformedRequest(RUNTIME_ID_RULE), request)
         return problem(MalformedRequest("request failed validation"), request)
 
@@ -208,6 +318,54 @@ def create_app(
             tenant=issued.tenant,
             expiresAt=issued.expires_at,
         )
+
+    @app.post(
+        "/v1/runtimes/{runtimeID}/connection",
+        status_code=202,
+        response_model=ReportAccepted,
+        responses=_problem_responses(
+            without=(502,),
+            overrides={
+                400: "Malformed runtime ID, or a body that is not a valid report of at most "
+                f"{MAX_REPORT_BYTES} bytes",
+                409: "Module not enabled, Kyma being deleted, or no mapping for the runtime yet",
+                429: "More than one report per runtime per BROKER_REPORT_MIN_INTERVAL_SECONDS "
+                "(Retry-After)",
+                503: "Control plane unavailable or not ready (Retry-After)",
+            },
+        ),
+        openapi_extra={"requestBody": _report_request_body()},
+        summary="Report this runtime's Compass connection state (costs no Director call)",
+    )
+    async def report_connection(
+        runtimeID: Annotated[
+            str,
+            Path(
+                pattern=RUNTIME_ID_PATTERN,
+                description="The Kyma runtime ID (the Kyma's `kyma-project.io/runtime-id`).",
+            ),
+        ],
+        request: Request,
+        authorization: Annotated[
+            str | None, Header(description="`Bearer <ServiceAccount token>` (tokenreview, jwks)")
+        ] = None,
+        x_forwarded_client_cert: Annotated[
+            str | None, Header(description="Set by the gateway (xfcc mode)")
+        ] = None,
+    ) -> ReportAccepted:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            report = await read_report(request)
+            written = await reporter.report(runtimeID, headers, report)
+        except BrokerError as exc:
+            metrics.connection_reports.labels(exc.slug).inc()
+            raise
+        except Exception as exc:
+            log.error("unexpected error", extra={"error": type(exc).__name__})
+            metrics.connection_reports.labels(InternalError.slug).inc()
+            raise InternalError("unexpected error in the broker", retry_after=5) from None
+        metrics.connection_reports.labels("recorded" if written else "unchanged").inc()
+        return ReportAccepted(nextReportAfterSeconds=reporter.next_report_after)
 
     @app.get("/healthz", summary="Liveness: the event loop has not been wedged")
     async def healthz() -> JSONResponse:

@@ -27,6 +27,9 @@ class Identity:
     subject: str  # e.g. system:serviceaccount:kyma-system/compass-agent, or the certificate CN
     mode: str
     expires_at: float | None = None
+    # xfcc mode: the SHA-256 hash of the client certificate (`Hash=`, lower-case hex), for the
+    # deny list; None when the gateway sent none or in the other modes.
+    certificate_hash: str | None = None
 
 
 def parse_service_account(username: str) -> tuple[str, str]:

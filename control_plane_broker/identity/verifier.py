@@ -24,11 +24,20 @@ class Verifier(Protocol):
 class XfccVerifier:
     mode = "xfcc"
 
-    def __init__(self, *, trusted: bool) -> None:
+    def __init__(self, *, trusted: bool, deny_list_configured: bool = False) -> None:
         self._trusted = trusted
+        self._deny_list_configured = deny_list_configured
 
     async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity:
-        return identity_from_xfcc(headers, runtime_id=runtime_id, trusted=self._trusted)
+        identity = identity_from_xfcc(headers, runtime_id=runtime_id, trusted=self._trusted)
+        if self._deny_list_configured and identity.certificate_hash is None:
+            # Envoy always sends the hash; without one the deny list cannot be checked, and a
+            # revocation must not be skipped because a header lacks what it is checked by.
+            raise IdentityNotProven(
+                "the forwarded client certificate has no SHA-256 Hash to check the deny list",
+                reason="no-hash",
+            )
+        return identity
 
 
 class CountingVerifier:

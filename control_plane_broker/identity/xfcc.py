@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
 from control_plane_broker.identity.claims import Identity
+from control_plane_broker.revocation import normalise_hash
 
 HEADER = "x-forwarded-client-cert"
 # Far above a real element with a full certificate chain, far below what would cost real time.
@@ -321,8 +322,14 @@ def common_name(subject: str) -> str | None:
 
 def forwarded_cn(value: str) -> str | None:
     """The CN of the certificate the last proxy verified (see the module docstring)."""
-    subject = parse_xfcc(value)[-1].single("subject")
-    return None if subject is None else common_name(subject)
+    return _forwarded(value)[0]
+
+
+def _forwarded(value: str) -> tuple[str | None, str | None]:
+    """(CN, `Hash` value) of the last element."""
+    last = parse_xfcc(value)[-1]
+    subject = last.single("subject")
+    return (None if subject is None else common_name(subject)), last.single("hash")
 
 
 def identity_from_xfcc(headers: Mapping[str, str], *, runtime_id: str, trusted: bool) -> Identity:
@@ -332,11 +339,16 @@ def identity_from_xfcc(headers: Mapping[str, str], *, runtime_id: str, trusted: 
     if not value:
         raise IdentityNotProven("no forwarded client certificate", reason="missing")
     try:
-        cn = forwarded_cn(value)
+        cn, certificate_hash = _forwarded(value)
     except XfccMalformed as exc:
         raise IdentityNotProven(str(exc), reason=exc.reason) from exc
     if not cn:
         raise IdentityNotProven("forwarded certificate has no CN", reason="no-cn")
     if cn.lower() != runtime_id.lower():
         raise IdentityForbidden("certificate belongs to another runtime", reason="runtime-mismatch")
-    return Identity(runtime_id=runtime_id, subject=f"CN={cn}", mode="xfcc")
+    return Identity(
+        runtime_id=runtime_id,
+        subject=f"CN={cn}",
+        mode="xfcc",
+        certificate_hash=normalise_hash(certificate_hash),
+    )

@@ -11,8 +11,9 @@ What always holds:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from control_plane_broker.model import (
@@ -39,11 +40,26 @@ ANNOTATION_REGISTERED_LABELS = "compass-broker.kyma-project.io/registered-labels
 ANNOTATION_ISSUER_APPROVED = "compass-broker.kyma-project.io/issuer-approved"
 ANNOTATION_ISSUER_PENDING = "compass-broker.kyma-project.io/issuer-pending"
 ANNOTATION_ISSUER_PENDING_SINCE = "compass-broker.kyma-project.io/issuer-pending-since"
+# Set by an operator (`kubectl annotate`, RBAC decides who may): the runtime gets no token and its
+# reports are refused; the value is the operator's reason, shown to the runtime. Never written by
+# the broker.
+ANNOTATION_REVOKED = "compass-broker.kyma-project.io/revoked"
 KIND = "CompassManagerMapping"
 
 
-def to_rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_FIRST, _LAST = -62135596800, 253402300799  # 0001-01-01T00:00:00Z, 9999-12-31T23:59:59Z
+
+
+def to_rfc3339(ts: float, *, microseconds: bool = False) -> str:
+    """UTC, `Z`, whole seconds (or with the microseconds, when there are any and asked for);
+    any time (a report's, from the agent) is clamped to years 1-9999, and the year always has
+    four digits, as RFC 3339 and the API server want."""
+    whole = math.floor(ts)
+    seconds = min(max(whole, _FIRST), _LAST)
+    fraction = int((ts - whole) * 1_000_000) if microseconds and seconds == whole else 0
+    stamp = _EPOCH + timedelta(seconds=seconds, microseconds=min(fraction, 999_999))
+    return stamp.isoformat().replace("+00:00", "Z")
 
 
 def from_rfc3339(text: str | None) -> float | None:
@@ -51,8 +67,67 @@ def from_rfc3339(text: str | None) -> float | None:
         return None
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
+
+
+@dataclass(frozen=True)
+class ConnectionRecord:
+    """`status.connection`: the last connection report recorded (times as epoch seconds)."""
+
+    state: str
+    connected: bool
+    certificate_not_after: str | None = None
+    last_error: str | None = None
+    token_sha256: str | None = None
+    observed_at: float | None = None
+    last_report_at: float | None = None
+    # When a report said connected, as last written (the write is refreshed with lastReportAt):
+    # tells "never connected since the last token" from "connected, then failed".
+    last_connected_at: float | None = None
+
+    @classmethod
+    def parse(cls, raw: object) -> ConnectionRecord | None:
+        """None for a status without a usable record (absent, or edited into another shape)."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("state"), str):
+            return None
+        return cls(
+            state=raw["state"],
+            connected=raw.get("connected") is True,
+            certificate_not_after=_text(raw.get("certificateNotAfter")),
+            last_error=_text(raw.get("lastError")),
+            token_sha256=_text(raw.get("tokenSha256")),
+            observed_at=from_rfc3339(_text(raw.get("observedAt"))),
+            last_report_at=from_rfc3339(_text(raw.get("lastReportAt"))),
+            last_connected_at=from_rfc3339(_text(raw.get("lastConnectedAt"))),
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        """The status field; absent values as null, so a merge patch removes what was there."""
+        return {
+            "state": self.state,
+            "connected": self.connected,
+            "certificateNotAfter": self.certificate_not_after,
+            "lastError": self.last_error,
+            "tokenSha256": self.token_sha256,
+            # Microseconds kept: two reports of one second, racing to two replicas, are
+            # still told apart by when they were observed.
+            "observedAt": (
+                None
+                if self.observed_at is None
+                else to_rfc3339(self.observed_at, microseconds=True)
+            ),
+            "lastReportAt": _stamp(self.last_report_at),
+            "lastConnectedAt": _stamp(self.last_connected_at),
+        }
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _stamp(ts: float | None) -> str | None:
+    return None if ts is None else to_rfc3339(ts)
 
 
 @dataclass(frozen=True)
@@ -78,6 +153,9 @@ class Mapping:
     document: bytes = field(repr=False, compare=False)
     issuer_approved: str | None = None
     issuer_pending: str | None = None
+    revoked: str | None = None  # the operator's reason ("" counts: the annotation revokes)
+    connection: ConnectionRecord | None = None
+    last_token_issued_at: float | None = None
 
     @property
     def raw(self) -> dict[str, Any]:
@@ -106,6 +184,11 @@ class Mapping:
             document=json.dumps(obj, separators=(",", ":")).encode(),
             issuer_approved=str(annotations.get(ANNOTATION_ISSUER_APPROVED) or "") or None,
             issuer_pending=str(annotations.get(ANNOTATION_ISSUER_PENDING) or "") or None,
+            revoked=(
+                str(annotations[ANNOTATION_REVOKED]) if ANNOTATION_REVOKED in annotations else None
+            ),
+            connection=ConnectionRecord.parse(status.get("connection")),
+            last_token_issued_at=from_rfc3339(_text(status.get("lastTokenIssuedAt"))),
         )
 
 

@@ -212,6 +212,11 @@ def test_agent_rbac_names_the_one_secret(binaries: Binaries) -> None:
             for name, value in [("BROKER_XFCC_TRUSTED", "true"), ("BROKER_IDENTITY_MODE", "xfcc")]
         ],
         (
+            "compass-broker",
+            BROKER_REQUIRED | {"identity.xfccDenyListConfigMap": "revoked"},
+            "xfccDenyListConfigMap is for identity.mode=xfcc only",
+        ),
+        (
             "compass-agent",
             AGENT_REQUIRED | {"identity.tokenExpirationSeconds": "60"},
             "tokenExpirationSeconds",

@@ -290,6 +290,25 @@ class Broker:
             h["Authorization"] = f"Bearer {token}"
         return httpx.post(f"{self.url}/v1/runtimes/{runtime_id}/token", headers=h, timeout=timeout)
 
+    def report_connection(
+        self,
+        runtime_id: str,
+        token: str | None = None,
+        *,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> httpx.Response:
+        h = dict(headers or {})
+        if token is not None:
+            h["Authorization"] = f"Bearer {token}"
+        return httpx.post(
+            f"{self.url}/v1/runtimes/{runtime_id}/connection", json=body, headers=h, timeout=timeout
+        )
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=10).text
+
     def logs(self) -> list[dict[str, Any]]:
         out = []
         for line in self.lines:

@@ -6,7 +6,8 @@ schema is the broker's own `/openapi.json`, unchanged. Every operation is fuzzed
 fits the schema and with data that does not; the token endpoint also with the seeded runtime's
 ID (any proof), with its ID and a real proof of its identity (every other input generated), and
 so again while Director answers 503: registration, token issue and Compass outages are fuzzed
-too, not only the refusals.
+too, not only the refusals; the connection report endpoint also with the runtime's ID and proof
+and any report body, valid or not, so recording on the mapping is fuzzed as well.
 
 Each answer must: never be 500; when it is any other 5xx, be `application/problem+json` whose
 `type` is listed for that status in the docs' status tables (never `internal-error`, a bug
@@ -46,6 +47,7 @@ from devenv.compass_sim.faults import DownMode, Faults
 from tests.integration.broker.conftest import REPO_ROOT, BrokerFactory, Runtime, seed_runtime
 
 TOKEN_PATH = "/v1/runtimes/{runtimeID}/token"
+REPORT_PATH = "/v1/runtimes/{runtimeID}/connection"
 PROBLEM_PREFIX = "urn:kyma-compass-pull:broker:problem:"
 EXAMPLES = 60  # per operation and flavour
 MIN_CASES_PER_MODE = 200
@@ -113,12 +115,19 @@ def flavours(operation: Any, mode: str, rt: Runtime) -> list[Flavour]:
     if len(operation.path_parameters) + len(operation.headers) + len(operation.query):
         # Only input can break the schema; the probes take none.
         out.append(Flavour("breaks the schema", GenerationMode.NEGATIVE))
+    known, proof = {"runtimeID": rt.runtime_id}, identity_header(mode, rt)
     if operation.path == TOKEN_PATH:
-        known, proof = {"runtimeID": rt.runtime_id}, identity_header(mode, rt)
         out += [
             Flavour("known runtime, any proof", GenerationMode.POSITIVE, known),
             Flavour("known runtime, its proof", GenerationMode.POSITIVE, known, proof),
             Flavour("Compass down", GenerationMode.POSITIVE, known, proof, compass_down=True),
+        ]
+    if operation.path == REPORT_PATH:
+        # Any report body, valid or not, from the runtime itself: the report is recorded (the
+        # token flavours ran first and made the mapping), or refused as documented.
+        out += [
+            Flavour("known runtime, its proof, any report", GenerationMode.POSITIVE, known, proof),
+            Flavour("known runtime, its proof, bad report", GenerationMode.NEGATIVE, known, proof),
         ]
     return out
 
@@ -179,14 +188,20 @@ def session() -> Iterator[requests.Session]:
 def test_no_input_makes_the_broker_fail(
     mode: str, brokers: BrokerFactory, rt: Runtime, sim: Any, session: requests.Session
 ) -> None:
-    env = {"BROKER_IDENTITY_MODE": mode, "BROKER_RATE_LIMIT_BURST": "1000"}
+    env = {
+        "BROKER_IDENTITY_MODE": mode,
+        "BROKER_RATE_LIMIT_BURST": "1000",
+        "BROKER_REPORT_MIN_INTERVAL_SECONDS": "0.001",
+    }
     if mode == "xfcc":
         env["BROKER_XFCC_TRUSTED"] = "true"
     broker = brokers(**env)
     schema = schemathesis.openapi.from_url(f"{broker.url}/openapi.json")
     schema.config.update(base_url=broker.url)
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert TOKEN_PATH in {op.path for op in operations}
+    assert {TOKEN_PATH, REPORT_PATH} <= {op.path for op in operations}
+    # The token endpoint first: its flavours register the runtime the reports are recorded on.
+    operations.sort(key=lambda op: op.path != TOKEN_PATH)
 
     seen: Counter[int] = Counter()
     for operation in operations:
@@ -196,6 +211,7 @@ def test_no_input_makes_the_broker_fail(
     cases = sum(seen.values())
     assert cases >= MIN_CASES_PER_MODE, f"only {cases} cases ran: {seen}"
     assert seen[201] > 0, f"no token was issued, the deep path went unfuzzed: {seen}"
+    assert seen[202] > 0, f"no report was recorded, the report path went unfuzzed: {seen}"
     assert seen[503] > 0, f"no 503 was answered, the 5xx rule went unused: {seen}"
     assert broker.running()
     assert not [e for e in broker.logs() if e.get("msg") == "unexpected error"]

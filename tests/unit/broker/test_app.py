@@ -5,6 +5,7 @@ included, is a problem (never a bare 500)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -13,11 +14,18 @@ from typing import Any
 import httpx
 import pytest
 
-from control_plane_broker.api.app import Health, create_app
+from control_plane_broker.api.app import (
+    ConnectionReportBody,
+    Health,
+    create_app,
+    report_from_body,
+)
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.model import KymaView
+from control_plane_broker.registration.state import to_rfc3339
+from control_plane_broker.reporting import ConnectionReporter
 from control_plane_broker.settings import Settings
 from kubeapi import ClusterAccess, KubeClient
 
@@ -57,10 +65,21 @@ class World:
 def issuer_with(cache: Any, touched: list[str], **given: Any) -> TokenIssuer:
     parts: dict[str, Any] = {
         name: Untouchable(name, touched)
-        for name in ("verifier", "registration", "director", "guard", "status", "limiter")
+        for name in ("verifier", "gate", "registration", "director", "guard", "status", "limiter")
     }
     parts |= given
     return TokenIssuer(settings=Settings(), cache=cache, clock=lambda: 0.0, **parts)
+
+
+def reporter_with(cache: Any, touched: list[str], **given: Any) -> ConnectionReporter:
+    parts: dict[str, Any] = {
+        name: Untouchable(name, touched)
+        for name in ("mappings", "verifier", "gate", "status", "limiter")
+    }
+    parts |= given
+    return ConnectionReporter(
+        settings=Settings(), cache=cache, clock=lambda: 0.0, wall=lambda: 0.0, **parts
+    )
 
 
 @pytest.fixture
@@ -74,6 +93,7 @@ async def world() -> AsyncIterator[World]:
 
     app = create_app(
         issuer=issuer_with(cache, touched),
+        reporter=reporter_with(cache, touched),
         metrics=Metrics(),
         health=Health(ready=ready, live=lambda: live[0]),
         jitter_max=2,
@@ -148,6 +168,7 @@ def exploding_app(touched: list[str]) -> Any:
     cache.synced = True
     return create_app(
         issuer=issuer_with(cache, touched, verifier=Exploding()),
+        reporter=reporter_with(cache, touched, verifier=Exploding()),
         metrics=Metrics(),
         health=Health(ready=lambda: (True, []), live=lambda: True),
         jitter_max=0,
@@ -237,3 +258,91 @@ async def test_kyma_view_does_not_spin_on_watch_streams_that_end_at_once() -> No
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await client.aclose()
+
+
+# --- the connection report endpoint ------------------------------------------------------------
+
+GOOD_REPORT = {"connectionState": "Connected", "observedAt": "2026-12-03T15:00:00Z"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**GOOD_REPORT, "extra": 1},  # unknown fields are refused
+        {**GOOD_REPORT, "connectionState": "Happy"},
+        {"connectionState": "Connected"},  # observedAt required
+        {**GOOD_REPORT, "observedAt": 1764774000},  # a number is no RFC 3339 time
+        {**GOOD_REPORT, "observedAt": "2026-12-03T15:00:00"},  # no offset
+        {**GOOD_REPORT, "certificateNotAfter": "tomorrow"},
+        {**GOOD_REPORT, "lastError": "e" * 1025},
+        {**GOOD_REPORT, "tokenSha256": "A" * 64},  # lower-case hex only
+        {**GOOD_REPORT, "tokenSha256": "a" * 63},
+        [GOOD_REPORT],
+        "Connected",
+    ],
+)
+async def test_a_malformed_report_is_refused_before_any_lookup(world: World, body: Any) -> None:
+    world.cache.synced = True
+    r = await world.client.post(
+        "/v1/runtimes/rt-1/connection", json=body, headers={"Authorization": SECRET_TEXT}
+    )
+    assert (r.status_code, kind(r)) == (400, "malformed-request")
+    assert SECRET_TEXT not in r.text
+    assert world.touched == []
+
+
+async def test_a_report_over_4_kib_is_refused_without_reading_it_all(world: World) -> None:
+    world.cache.synced = True
+    padded = {**GOOD_REPORT, "lastError": "e" * 1000, "x": " " * 4000}
+    r = await world.client.post("/v1/runtimes/rt-1/connection", json=padded)
+    assert (r.status_code, kind(r)) == (400, "malformed-request")
+    assert "4096" in r.json()["detail"]
+
+    async def endless() -> AsyncIterator[bytes]:  # no Content-Length: chunked
+        for _ in range(1000):
+            yield b" " * 1024
+
+    r = await world.client.post("/v1/runtimes/rt-1/connection", content=endless())
+    assert (r.status_code, kind(r)) == (400, "malformed-request")
+    assert world.touched == []
+
+
+async def test_a_valid_report_waits_for_the_cache_like_a_token(world: World) -> None:
+    r = await world.client.post(
+        "/v1/runtimes/rt-1/connection", json=GOOD_REPORT, headers={"Authorization": "Bearer x"}
+    )
+    assert (r.status_code, kind(r)) == (503, "not-ready")
+    assert world.touched == []
+    r = await world.client.post("/v1/runtimes/a_b/connection", json=GOOD_REPORT)
+    assert (r.status_code, kind(r)) == (400, "malformed-request")
+
+
+async def test_the_report_endpoint_is_in_the_openapi_with_its_body(world: World) -> None:
+    spec = (await world.client.get("/openapi.json")).json()
+    operation = spec["paths"]["/v1/runtimes/{runtimeID}/connection"]["post"]
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert schema["additionalProperties"] is False
+    assert set(schema["required"]) == {"connectionState", "observedAt"}
+    assert set(operation["responses"]) >= {"202", "400", "401", "403", "404", "409", "429", "503"}
+    assert "502" not in operation["responses"]  # a report never reaches Director
+
+
+@pytest.mark.parametrize(
+    ("text", "recorded"),
+    [
+        ("2027-01-01T00:00:00Z", "2027-01-01T00:00:00Z"),
+        ("2027-01-01T01:30:00.999+01:30", "2027-01-01T00:00:00Z"),
+        ("0001-01-01T00:00:00+01:00", "0001-01-01T00:00:00Z"),  # clamped, not refused
+        ("9999-12-31T23:59:59-01:00", "9999-12-31T23:59:59Z"),
+        ("1969-07-20T20:17:40Z", "1969-07-20T20:17:40Z"),
+    ],
+)
+def test_any_valid_time_in_a_report_is_recorded_as_rfc3339_utc(text: str, recorded: str) -> None:
+    body = ConnectionReportBody.model_validate_json(
+        json.dumps(
+            {"connectionState": "Connected", "observedAt": text, "certificateNotAfter": text}
+        )
+    )
+    report = report_from_body(body)
+    assert report.certificate_not_after == recorded
+    assert to_rfc3339(report.observed_at) == recorded

@@ -21,13 +21,17 @@ from control_plane_broker.errors import (
     ModuleNotEnabled,
     RateLimited,
     RuntimeNotFound,
+    RuntimeRevoked,
     TurnBooked,
 )
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.issuing import TokenIssuer
+from control_plane_broker.metrics import Metrics
 from control_plane_broker.model import KymaView
 from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
 from control_plane_broker.registration.service import Registered
+from control_plane_broker.registration.state import Mapping as MappingRecord
+from control_plane_broker.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
 
 GA = "kyma-project.io/global-account-id"
@@ -44,6 +48,34 @@ KNOWN = Registered("c-1", "ga", "adopted")
 
 
 @dataclass
+class MappingView:
+    items: dict[str, MappingRecord]
+
+    def get(self, name: str) -> MappingRecord | None:
+        return self.items.get(name)
+
+
+@dataclass
+class EventLog:
+    emitted: list[tuple[str, str, str]]
+
+    def emit(self, *, kyma_name: str, kyma_uid: str, reason: str, message: str, **_: Any) -> None:
+        self.emitted.append((kyma_name, reason, message))
+
+
+def revoked_mapping(name: str, reason: str) -> MappingRecord:
+    return MappingRecord.from_object(
+        {
+            "metadata": {
+                "name": name,
+                "resourceVersion": "7",
+                "annotations": {"compass-broker.kyma-project.io/revoked": reason},
+            }
+        }
+    )
+
+
+@dataclass
 class Recorder:
     """Every collaborator of the issuer in one place, recording what it was asked."""
 
@@ -55,6 +87,8 @@ class Recorder:
     tokens: list[tuple[str, str, bool]] = field(default_factory=list)
     statuses: list[tuple[str, Any]] = field(default_factory=list)
     synced: bool = True
+    mapping_view: MappingView = field(default_factory=lambda: MappingView({}))
+    events: EventLog = field(default_factory=lambda: EventLog([]))
 
     # the Kyma view
     def get(self, name: str) -> KymaView | None:
@@ -143,6 +177,12 @@ def world(*, burst: int = 5, max_concurrency: int = 1, queue_timeout: float = 1.
         settings=Settings(),
         cache=recorder,
         verifier=recorder,
+        gate=RevocationGate(
+            mappings=recorder.mapping_view,
+            kymas=recorder,
+            events=recorder.events,  # type: ignore[arg-type]
+            metrics=Metrics(),
+        ),
         registration=Registration(recorder),  # type: ignore[arg-type]
         director=Director(recorder),  # type: ignore[arg-type]
         guard=guard,
@@ -258,3 +298,26 @@ async def test_only_issued_tokens_count_against_the_rate_limit() -> None:
     with pytest.raises(RateLimited) as info:
         await w.issuer.issue("rt-1", HEADERS)
     assert info.value.retry_after == pytest.approx(60)
+
+
+async def test_a_revoked_runtime_is_refused_once_proven_and_told_on_its_kyma() -> None:
+    w = world()
+    w.recorder.mapping_view.items[KYMA.name] = revoked_mapping(KYMA.name, "stolen laptop")
+    # Unproven: the same 401 as for any runtime, revocation is no oracle.
+    w.recorder.proof_error = IdentityNotProven("bad proof", reason="invalid")
+    with pytest.raises(IdentityNotProven):
+        await w.issuer.issue("RT-1", HEADERS)
+    assert w.recorder.events.emitted == []
+    w.recorder.proof_error = None
+    with pytest.raises(RuntimeRevoked) as refused:
+        await w.issuer.issue("RT-1", HEADERS)
+    assert str(refused.value) == "an operator revoked this runtime: stolen laptop"
+    assert w.recorder.tokens == []
+    assert "register rt-1" not in w.recorder.asked
+    [(name, reason, message)] = w.recorder.events.emitted
+    assert (name, reason) == ("rt-1", "RuntimeRevoked")
+    assert "stolen laptop" in message
+    # Un-revoked (the annotation removed): tokens flow again.
+    del w.recorder.mapping_view.items[KYMA.name]
+    await w.issuer.issue("RT-1", HEADERS)
+    assert len(w.recorder.tokens) == 1

@@ -25,6 +25,8 @@ PURE = [
     "api/problems.py",
     "director/errors.py",
     "director/admission.py",
+    "connection.py",
+    "revocation.py",
 ]
 FORBIDDEN = (
     "httpx",
@@ -83,6 +85,8 @@ LAYERS: dict[str, int] = {
             "director.models",
             "director.admission",
             "supervisor",  # keeps tasks running; decides nothing about runtimes
+            "connection",
+            "revocation",
         ],
         0,
     ),
@@ -101,11 +105,22 @@ LAYERS: dict[str, int] = {
             "identity.tokenreview",
             "identity.verifier",
             "identity.enrolment",
+            "identity.deny_list",
         ],
         1,
     ),
     # 2: use cases
-    **dict.fromkeys(["registration.service", "status", "issuing", "reconciler"], 2),
+    **dict.fromkeys(
+        [
+            "registration.service",
+            "status",
+            "issuing",
+            "reconciler",
+            "reporting",
+            "revocation_gate",
+        ],
+        2,
+    ),
     **dict.fromkeys(["api.app", "api.server"], 3),  # the HTTP surface
     "wiring": 4,  # the composition root
     "__main__": 5,

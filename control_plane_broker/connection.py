@@ -1,0 +1,265 @@
+"""Connection reports and the fleet's connection health: pure decisions on a mapping.
+
+What always holds:
+- a report is recorded in `status.connection` only when something but its times changed, or when
+  the recorded `lastReportAt` is older than the refresh interval: a steady heartbeat costs one
+  KCP write per refresh interval, not one per report;
+- a report observed before the recorded one is ignored (the agent's own clock orders its
+  reports; a time in the future counts as now), so a late retry never overwrites a newer state;
+- condition `Connected` says what the last report said (reason = its state, message = its error),
+  except for a runtime that was handed a token and has not reported Connected since, for
+  longer than the connect deadline: then `False` with reason `NotConnectedAfterToken`. Reports
+  and the leader's periodic check judge with the same function, so they never undo each other;
+- condition `ReportsStale` is `True` once the recorded last report is older than the stale bound,
+  and turns `False` again with the next recorded report; it exists only once it was `True`;
+- a Warning Event is due only when one of these two conditions newly says so.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from control_plane_broker.registration import state
+from control_plane_broker.registration.state import ConnectionRecord, Mapping
+
+# The CompassConnection states (status.connectionState), and NotFound when there is none.
+CONNECTED_STATES = frozenset(
+    {
+        "Connected",
+        "Synchronized",
+        "SynchronizationFailed",
+        "ResourceApplicationFailed",
+        "MetadataUpdateFailed",
+    }
+)
+NOT_CONNECTED_STATES = frozenset({"ConnectionFailed", "ConnectionMaintenanceFailed", "NotFound"})
+STATES = tuple(sorted(CONNECTED_STATES | NOT_CONNECTED_STATES))
+UNKNOWN = "unknown"  # the fleet gauge's label for a runtime that never reported
+
+CONNECTED = "Connected"
+REPORTS_STALE = "ReportsStale"
+NOT_CONNECTED_AFTER_TOKEN = "NotConnectedAfterToken"  # noqa: S105 (a reason, no secret)
+EVENT_NOT_CONNECTED = "RuntimeNotConnected"
+EVENT_REPORTS_STALE = "ConnectionReportsStale"
+
+
+def is_connected(connection_state: str) -> bool:
+    return connection_state in CONNECTED_STATES
+
+
+@dataclass(frozen=True)
+class Report:
+    """A connection report as the agent sent it, validated (times as epoch seconds)."""
+
+    state: str
+    observed_at: float
+    certificate_not_after: str | None = None  # RFC 3339, normalised to whole seconds, UTC
+    last_error: str | None = None
+    token_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    refresh_seconds: float
+    stale_seconds: float
+    connect_deadline_seconds: float
+
+
+@dataclass(frozen=True)
+class Tell:
+    """A Warning Event on the Kyma."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Change:
+    status: dict[str, Any]  # the merge patch of the mapping's status
+    events: tuple[Tell, ...] = ()
+
+
+def _content(record: ConnectionRecord) -> tuple[object, ...]:
+    return (
+        record.state,
+        record.certificate_not_after,
+        record.last_error,
+        record.token_sha256,
+    )
+
+
+def record_report(mapping: Mapping, report: Report, *, now: float, limits: Limits) -> Change | None:
+    """What to write for `report` on `mapping`, or None when the record already says it."""
+    before = mapping.connection
+    observed = min(report.observed_at, now)
+    if before is not None and before.observed_at is not None and observed < before.observed_at:
+        return None
+    connected = is_connected(report.state)
+    after = ConnectionRecord(
+        state=report.state,
+        connected=connected,
+        certificate_not_after=report.certificate_not_after,
+        last_error=report.last_error,
+        token_sha256=report.token_sha256,
+        observed_at=observed,
+        last_report_at=now,
+        last_connected_at=now if connected else (before.last_connected_at if before else None),
+    )
+    conditions, events = judge(mapping, after, now=now, limits=limits)
+    conditions_changed = conditions != state.conditions_of(mapping)
+    fresh = (
+        before is not None
+        and before.last_report_at is not None
+        and now - before.last_report_at < limits.refresh_seconds
+    )
+    status: dict[str, Any] = {}
+    if not (before is not None and _content(before) == _content(after) and fresh):
+        status["connection"] = after.to_status()
+    if conditions_changed:
+        status["conditions"] = conditions
+    return Change(status=status, events=events) if status else None
+
+
+def check(mapping: Mapping, *, now: float, limits: Limits) -> Change | None:
+    """The leader's periodic judgement: the conditions to write as time passes, or None."""
+    conditions, events = judge(mapping, mapping.connection, now=now, limits=limits)
+    if conditions == state.conditions_of(mapping):
+        return None
+    return Change(status={"conditions": conditions}, events=events)
+
+
+def judge(
+    mapping: Mapping, record: ConnectionRecord | None, *, now: float, limits: Limits
+) -> tuple[list[dict[str, Any]], tuple[Tell, ...]]:
+    """The mapping's conditions with `Connected` and `ReportsStale` as `record` and the time say,
+    and the Events that are news."""
+    before = state.conditions_of(mapping)
+    after = before
+    tells: list[Tell] = []
+    generation = state.generation_of(mapping)
+
+    connected = _connected_condition(record, mapping.last_token_issued_at, now=now, limits=limits)
+    if connected is not None:
+        status, reason, message = connected
+        after = state.set_condition(
+            after,
+            type_=CONNECTED,
+            status=status,
+            reason=reason,
+            message=message,
+            now=now,
+            observed_generation=generation,
+        )
+        _, tell = state.condition_changed(before, after, CONNECTED)
+        if tell and reason == NOT_CONNECTED_AFTER_TOKEN:
+            tells.append(Tell(EVENT_NOT_CONNECTED, message))
+
+    stale = _stale_condition(record, state.find_condition(before, REPORTS_STALE), now, limits)
+    if stale is not None:
+        status, reason, message = stale
+        after = state.set_condition(
+            after,
+            type_=REPORTS_STALE,
+            status=status,
+            reason=reason,
+            message=message,
+            now=now,
+            observed_generation=generation,
+        )
+        _, tell = state.condition_changed(before, after, REPORTS_STALE)
+        if tell and status:
+            tells.append(Tell(EVENT_REPORTS_STALE, message))
+    return after, tuple(tells)
+
+
+def _connected_condition(
+    record: ConnectionRecord | None, token_at: float | None, *, now: float, limits: Limits
+) -> tuple[bool, str, str] | None:
+    stuck = (
+        token_at is not None
+        and now - token_at >= limits.connect_deadline_seconds
+        and not (record is not None and record.connected)
+        and (
+            record is None
+            or record.last_connected_at is None
+            or record.last_connected_at < token_at
+        )
+    )
+    if stuck:
+        assert token_at is not None
+        message = (
+            f"no Connected report within {limits.connect_deadline_seconds:g} s of the one-time "
+            f"token issued at {state.to_rfc3339(token_at)}"
+        )
+        if record is not None:
+            message += f"; the runtime reports {record.state}"
+            if record.last_error:
+                message += f": {record.last_error}"
+        return False, NOT_CONNECTED_AFTER_TOKEN, message
+    if record is None:
+        return None
+    return (
+        record.connected,
+        record.state,
+        record.last_error or f"the runtime reports {record.state}",
+    )
+
+
+def _stale_condition(
+    record: ConnectionRecord | None,
+    existing: dict[str, Any] | None,
+    now: float,
+    limits: Limits,
+) -> tuple[bool, str, str] | None:
+    last = record.last_report_at if record is not None else None
+    if last is not None and now - last >= limits.stale_seconds:
+        # A fixed message (the time of the last report, not its age): judging again writes
+        # nothing until something really changes.
+        return (
+            True,
+            "NoRecentReport",
+            f"no connection report recorded since {state.to_rfc3339(last)} "
+            f"(limit {limits.stale_seconds:g} s)",
+        )
+    if existing is not None and existing.get("status") == "True":
+        return False, "ReportsReceived", "connection reports arrive again"
+    return None
+
+
+# --- the fleet, for metrics --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fleet:
+    by_state: dict[str, int]  # every state in STATES and UNKNOWN, zero included
+    oldest_report_age: float | None  # seconds since the oldest recorded last report
+    reports_stale: int
+    not_connected_after_token: int
+    revoked: int
+
+
+def fleet(mappings: Iterable[Mapping], *, now: float) -> Fleet:
+    counts: Counter[str] = Counter({name: 0 for name in (*STATES, UNKNOWN)})
+    oldest: float | None = None
+    stale = stuck = revoked = 0
+    for mapping in mappings:
+        record = mapping.connection
+        # A state nobody reports (an edited status) is no label of its own: bounded cardinality.
+        counts[record.state if record is not None and record.state in STATES else UNKNOWN] += 1
+        if record is not None and record.last_report_at is not None:
+            age = max(0.0, now - record.last_report_at)
+            oldest = age if oldest is None else max(oldest, age)
+        conditions = (mapping.raw.get("status") or {}).get("conditions") or []
+        for cond in conditions:
+            if not isinstance(cond, dict):
+                continue
+            if cond.get("type") == REPORTS_STALE and cond.get("status") == "True":
+                stale += 1
+            elif cond.get("type") == CONNECTED and cond.get("reason") == NOT_CONNECTED_AFTER_TOKEN:
+                stuck += 1
+        if mapping.revoked is not None:
+            revoked += 1
+    return Fleet(dict(counts), oldest, stale, stuck, revoked)

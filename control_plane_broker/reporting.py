@@ -1,0 +1,128 @@
+"""The connection report use case: an agent tells the broker its runtime's Compass connection.
+
+Order, cheapest refusals first and identity before anything about the runtime: the runtime ID
+and the body are validated (by the HTTP layer) → the Kyma cache is synced → prove the identity
+(exactly as for a token) → not revoked → policy on the cached Kyma (as for a token) → per-runtime
+rate limit → the mapping exists → record on its status (`connection.record_report`).
+
+The rate limit comes after the identity, not before: checked earlier it would tell an unproven
+caller which runtimes report (429 versus 401), and let it spend a runtime's budget.
+
+Holds: no Director call, ever; at most one KCP write per report, none when nothing but the times
+changed within the refresh interval; a report is either recorded (or found already recorded) or
+answered with an error the agent retries: a 503 when KCP could not be written, never a silent
+loss. A runtime without a mapping gets 409 `runtime-not-registered`: the broker creates mappings
+only to register, and a runtime without one has never been handed a token by it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from control_plane_broker.connection import Limits, Report, record_report
+from control_plane_broker.errors import (
+    ControlPlaneUnavailable,
+    KymaDeleting,
+    NotReady,
+    RateLimited,
+    RuntimeNotRegistered,
+)
+from control_plane_broker.identity.verifier import Verifier
+from control_plane_broker.issuing import KymaReader
+from control_plane_broker.policy import check_token_allowed, validate_runtime_id
+from control_plane_broker.ratelimit import RateLimiter
+from control_plane_broker.registration.state import Mapping as MappingRecord
+from control_plane_broker.revocation_gate import RevocationGate
+from control_plane_broker.settings import Settings
+from control_plane_broker.status import StatusRecorder
+from kubeapi import KubeError
+
+log = logging.getLogger(__name__)
+
+
+class MappingReader(Protocol):
+    def get(self, name: str) -> MappingRecord | None: ...
+
+
+def report_limits(settings: Settings) -> Limits:
+    return Limits(
+        refresh_seconds=settings.report_refresh_seconds,
+        stale_seconds=settings.report_stale_seconds,
+        connect_deadline_seconds=settings.connect_deadline_seconds,
+    )
+
+
+class ConnectionReporter:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        cache: KymaReader,
+        mappings: MappingReader,
+        verifier: Verifier,
+        gate: RevocationGate,
+        status: StatusRecorder,
+        limiter: RateLimiter,
+        clock: Callable[[], float],
+        wall: Callable[[], float],
+    ) -> None:
+        self._settings = settings
+        self._cache = cache
+        self._mappings = mappings
+        self._verifier = verifier
+        self._gate = gate
+        self._status = status
+        self._limiter = limiter
+        self._clock = clock  # monotonic: rate limits
+        self._wall = wall  # what the mapping records
+        self._limits = report_limits(settings)
+
+    @property
+    def next_report_after(self) -> int:
+        return self._settings.report_interval_seconds
+
+    async def report(self, runtime_id: str, headers: Mapping[str, str], report: Report) -> bool:
+        """Records `report`; returns whether the mapping was written."""
+        kyma_name = validate_runtime_id(runtime_id)
+        if not self._cache.synced:
+            raise NotReady("the Kyma cache has not synced yet", retry_after=2)
+        identity = await self._verifier.verify(runtime_id=runtime_id, headers=headers)
+        self._gate.check(kyma_name, identity, endpoint="connection")
+        kyma = check_token_allowed(
+            self._cache.get(kyma_name),
+            module=self._settings.module_name,
+            module_required=self._settings.module_policy == "required",
+        )
+        wait = self._limiter.try_take(kyma.name, self._clock())
+        if wait is not None:
+            raise RateLimited(
+                f"at most one connection report per {self._settings.report_min_interval_seconds:g}"
+                " s for this runtime",
+                retry_after=wait,
+            )
+        mapping = self._mappings.get(kyma.name)
+        if mapping is None:
+            raise RuntimeNotRegistered("no mapping for this runtime yet: ask for a token first")
+        if mapping.deleting:
+            raise KymaDeleting("the runtime's mapping is being deleted")
+        now = self._wall()
+        try:
+            written = await self._status.apply_change(
+                mapping,
+                lambda m: record_report(m, report, now=now, limits=self._limits),
+                kyma_uid=kyma.uid,
+            )
+        except KubeError as exc:
+            log.warning(
+                "connection report not recorded", extra={"kyma": kyma.name, "error": str(exc)}
+            )
+            raise ControlPlaneUnavailable(
+                "the connection report could not be recorded", retry_after=5
+            ) from exc
+        log.debug(
+            "connection report",
+            extra={"kyma": kyma.name, "state": report.state, "written": written},
+        )
+        return written
