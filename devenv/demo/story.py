@@ -51,6 +51,8 @@ BROKER_TIMERS = {
     "BROKER_SWEEP_INTERVAL_SECONDS": "5",
     "BROKER_LEASE_DURATION_SECONDS": "4",
     "BROKER_LEASE_RENEW_SECONDS": "1",
+    "BROKER_REPORT_MIN_INTERVAL_SECONDS": "2",
+    "BROKER_REPORT_INTERVAL_SECONDS": "4",
 }
 AGENT_TIMERS = {
     "AGENT_BACKOFF_BASE": "0.5",
@@ -62,6 +64,8 @@ AGENT_TIMERS = {
     "AGENT_RESYNC_PERIOD": "30",
     "AGENT_LEASE_DURATION": "6",
     "AGENT_LEASE_RENEW": "2",
+    "AGENT_REPORT_INTERVAL_SECONDS": "4",
+    "AGENT_REVOKED_RECHECK_SECONDS": "4",
 }
 
 
@@ -179,10 +183,13 @@ class Demo:
         self.start_agents()
         self.enable_module_in_a()
         self.runtime_agent_connects(self.runtimes["A"])
+        self.show_mappings(connected=("A",))
         self.take_compass_down()
         self.enable_module_in_b_while_down()
         self.bring_compass_back()
         self.runtime_agent_connects(self.runtimes["B"])
+        self.show_mappings(connected=("A", "B"))
+        self.revoke_b()
         self.delete_kyma_a()
         summary = self.summarize()
         self.finished = True
@@ -501,6 +508,57 @@ class Demo:
             " (the one-time token, then the CSR token)"
         )
 
+    def show_mappings(self, *, connected: tuple[str, ...]) -> None:
+        """What an operator sees in KCP: every runtime's connection, as its agent reported it."""
+        names = " and ".join(f"runtime {key}" for key in connected)
+        self.story.step(f"KCP: kubectl get compassmanagermappings -n {world.KCP_NAMESPACE}")
+        for key in connected:
+            spec = self.specs[key]
+
+            def row_connected(spec: RuntimeSpec = spec) -> str | None:
+                return _row_connected(world.mapping_row(self.kcp, spec))
+
+            self.story.wait_for(
+                f"agent {key} reports its CompassConnection; the mapping says Connected",
+                row_connected,
+                timeout=self._timeout(20),
+                guard=self._guard,
+                logs=self._logs(self.runtimes[key].agent, self.broker),
+            )
+        headers, rows = world.mapping_table(self.kcp)
+        for line in table(headers, rows):
+            self.story.detail(line)
+        self.story.done(f"{names} connected, as their agents reported (no Director call)")
+
+    def revoke_b(self) -> None:
+        runtime = self.runtimes["B"]
+        spec = runtime.spec
+        self.story.step(f"An operator revokes {spec.title} in KCP")
+        command = world.set_revoked(self.kcp, spec, "demo: decommissioned")
+        self.story.detail(command)
+        message = self.story.wait_for(
+            "agent B's next report is refused with 403 runtime-revoked; it stops asking and "
+            "says why in an Event in its runtime",
+            lambda: world.runtime_event(runtime.cluster, "RuntimeRevoked"),
+            timeout=self._timeout(20),
+            guard=self._guard,
+            logs=self._logs(runtime.agent, self.broker),
+        )
+        self.story.detail(f"Event RuntimeRevoked in runtime B: {message}")
+        command = world.set_revoked(self.kcp, spec, None)
+        self.story.detail(f"un-revoked: {command}")
+        self.story.wait_for(
+            "agent B's next slow re-check gets a token again",
+            lambda: _unrevoked(runtime),
+            timeout=self._timeout(20),
+            guard=self._guard,
+            logs=self._logs(runtime.agent, self.broker),
+        )
+        self.story.done(
+            "revocation refused the runtime's tokens and reports without unregistering it from "
+            "Compass; un-revoking restored it"
+        )
+
     def take_compass_down(self) -> None:
         self.story.step(f"Compass becomes unavailable (simulator fault down={self.options.outage})")
         self.compass.set_down(self.options.outage)
@@ -754,6 +812,17 @@ def _http_ok(url: str) -> bool:
         return httpx.get(url, timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _row_connected(row: dict[str, str] | None) -> str | None:
+    if row is None or row.get("CONNECTED") != "True":
+        return None
+    return row.get("STATE") or "Connected"
+
+
+def _unrevoked(runtime: Runtime) -> bool:
+    samples = observe.scrape(f"{runtime.agent_url}/metrics")
+    return bool(samples) and observe.sample(samples, "compass_agent_revoked") == 0.0
 
 
 def _answers_ok(url: str) -> Callable[[], bool]:

@@ -22,12 +22,15 @@ Nothing here prints a token.
 from __future__ import annotations
 
 import base64
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -35,6 +38,7 @@ from kubernetes.dynamic import DynamicClient
 from devenv import kyma_module
 from devenv.clusters import TestCluster
 from devenv.runtime_agent_sim import TokenSecret
+from kubeapi import access_from_kubeconfig_file
 
 KCP_NAMESPACE = "kcp-system"
 RUNTIME_NAMESPACE = "kyma-system"
@@ -410,6 +414,84 @@ def enrolment_event(kcp: TestCluster, spec: RuntimeSpec) -> str | None:
         KCP_NAMESPACE, field_selector="reason=EnrolmentPending"
     ).items
     return next((str(e.message) for e in events if e.involved_object.name == spec.kyma_name), None)
+
+
+REVOKED_ANNOTATION = f"{ENROLMENT_ANNOTATIONS}/revoked"  # the broker's revocation mark
+
+
+def mapping_table(kcp: TestCluster) -> tuple[list[str], list[list[str]]]:
+    """`kubectl get compassmanagermappings -n kcp-system`: the server's Table (the CRD's
+    printer columns), as kubectl asks for it."""
+    access = access_from_kubeconfig_file(kcp.kubeconfig_path)
+    with httpx.Client(base_url=access.server, verify=access.ssl_context(), timeout=10) as http:
+        response = http.get(
+            f"/apis/{MAPPING[0]}/{MAPPING[1]}/namespaces/{KCP_NAMESPACE}/{MAPPING[2]}",
+            headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        )
+        response.raise_for_status()
+        table = response.json()
+    # As kubectl shows it: columns of priority 0 only (the rest is -o wide), dates as ages.
+    columns = [
+        (i, c) for i, c in enumerate(table.get("columnDefinitions") or []) if not c.get("priority")
+    ]
+    headers = [str(c["name"]).upper() for _, c in columns]
+    rows = [
+        [_cell(row["cells"][i], c.get("type")) for i, c in columns]
+        for row in table.get("rows") or []
+    ]
+    return headers, rows
+
+
+def _cell(value: Any, kind: str | None) -> str:
+    if value is None or value == "":
+        return "<none>"
+    if kind == "date":
+        try:
+            seconds = time.time() - datetime.fromisoformat(str(value)).timestamp()
+        except ValueError:
+            return str(value)
+        return _age(max(0.0, seconds))
+    return str(value)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
+
+
+def mapping_row(kcp: TestCluster, spec: RuntimeSpec) -> dict[str, str] | None:
+    """The runtime's row of that table, by column name."""
+    headers, rows = mapping_table(kcp)
+    for row in rows:
+        if row and row[0] == spec.kyma_name:
+            return dict(zip(headers, row, strict=True))
+    return None
+
+
+def set_revoked(kcp: TestCluster, spec: RuntimeSpec, reason: str | None) -> str:
+    """What the operator's one `kubectl annotate` does (None: un-revoke); returns it."""
+    kcp.custom.patch_namespaced_custom_object(
+        *MAPPING[:2],
+        KCP_NAMESPACE,
+        MAPPING[2],
+        spec.kyma_name,
+        {"metadata": {"annotations": {REVOKED_ANNOTATION: reason}}},
+    )
+    target = f"kubectl -n {KCP_NAMESPACE} annotate compassmanagermapping {spec.kyma_name}"
+    if reason is None:
+        return f"{target} {REVOKED_ANNOTATION}-"
+    return f'{target} {REVOKED_ANNOTATION}="{reason}"'
+
+
+def runtime_event(cluster: TestCluster, reason: str) -> str | None:
+    """The message of the newest Event with `reason` in the runtime's kyma-system."""
+    events = cluster.core.list_namespaced_event(
+        RUNTIME_NAMESPACE, field_selector=f"reason={reason}"
+    ).items
+    return str(events[-1].message) if events else None
 
 
 def kyma_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:

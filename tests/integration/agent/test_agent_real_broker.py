@@ -7,6 +7,7 @@ TokenReview against `runtime_a` via the kubeconfig secret seeded in the control 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,15 @@ from agent.app import Overrides
 from devenv.clusters import TestCluster
 from devenv.compass_sim import DownMode
 from tests.integration.agent.conftest import AgentEnv, RecordingTransport, eventually
-from tests.integration.broker.conftest import AUDIENCE, BrokerFactory, Runtime, seed_runtime
+from tests.integration.broker.conftest import (
+    AUDIENCE,
+    GROUP,
+    BrokerFactory,
+    Runtime,
+    seed_runtime,
+)
+
+REVOKED = "compass-broker.kyma-project.io/revoked"
 
 
 def prepare(agent_env: AgentEnv, control_plane: TestCluster, kcp_ns: str) -> Runtime:
@@ -136,3 +145,88 @@ async def test_restart_while_connected_issues_no_new_token(
     await asyncio.sleep(3)
     assert tokens_issued(sim, runtime) == issued
     assert agent.metrics.pull_attempts.labels(outcome="issued")._value.get() == 0
+
+
+def mapping(control_plane: TestCluster, kcp_ns: str, runtime: Runtime) -> dict[str, Any]:
+    found: dict[str, Any] = control_plane.custom.get_namespaced_custom_object(
+        GROUP, "v1beta1", kcp_ns, "compassmanagermappings", runtime.kyma_name
+    )
+    return found
+
+
+def connection_of(control_plane: TestCluster, kcp_ns: str, runtime: Runtime) -> dict[str, Any]:
+    status = mapping(control_plane, kcp_ns, runtime).get("status") or {}
+    return dict(status.get("connection") or {})
+
+
+async def test_reports_reach_the_mapping_and_a_revocation_stops_the_agent_until_lifted(
+    agent_env: AgentEnv, brokers: BrokerFactory, control_plane: TestCluster, kcp_ns: str, sim: Any
+) -> None:
+    runtime = prepare(agent_env, control_plane, kcp_ns)
+    broker = brokers(BROKER_REPORT_MIN_INTERVAL_SECONDS="0.5")
+    settings = agent_env.settings(
+        broker.url,
+        sa_token_file=token_file(agent_env, runtime),
+        report_interval_seconds=2,
+        revoked_recheck_seconds=2,
+    )
+    agent = await agent_env.start(settings)
+    agent_env.put_kyma(modules=["application-connector"])
+    data = await eventually(agent_env.secret_data, within=20, what="the token secret")
+
+    # The runtime agent connects: the agent reports it, the broker records it on the mapping.
+    agent_env.set_connection("Connected")
+    await eventually(
+        lambda: connection_of(control_plane, kcp_ns, runtime).get("state") == "Connected",
+        within=20,
+        what="Connected recorded on the mapping",
+    )
+    recorded = connection_of(control_plane, kcp_ns, runtime)
+    assert recorded["tokenSha256"] == hashlib.sha256(data["TOKEN"].encode()).hexdigest()
+    conditions = mapping(control_plane, kcp_ns, runtime)["status"]["conditions"]
+    assert {"type": "Connected", "status": "True"}.items() <= next(
+        c for c in conditions if c["type"] == "Connected"
+    ).items()
+    seen = max((r.seq for r in sim.request_log()), default=0)
+
+    agent_env.set_connection("ConnectionFailed", error="certificate expired")
+    await eventually(
+        lambda: connection_of(control_plane, kcp_ns, runtime).get("state") == "ConnectionFailed",
+        within=20,
+        what="the failure recorded",
+    )
+    assert connection_of(control_plane, kcp_ns, runtime)["lastError"] == "certificate expired"
+
+    # An operator revokes it: the agent is refused, says why, keeps the secret.
+    control_plane.custom.patch_namespaced_custom_object(
+        GROUP,
+        "v1beta1",
+        kcp_ns,
+        "compassmanagermappings",
+        runtime.kyma_name,
+        {"metadata": {"annotations": {REVOKED: "compromised"}}},
+    )
+    events = await eventually(
+        lambda: agent_env.events("RuntimeRevoked"), within=20, what="RuntimeRevoked in the runtime"
+    )
+    assert "compromised" in events[0].message
+    assert agent_env.secret_data() == data
+    assert agent.metrics.revoked._value.get() == 1
+
+    # Lifted: the next re-check gets a token again.
+    control_plane.custom.patch_namespaced_custom_object(
+        GROUP,
+        "v1beta1",
+        kcp_ns,
+        "compassmanagermappings",
+        runtime.kyma_name,
+        {"metadata": {"annotations": {REVOKED: None}}},
+    )
+    await eventually(
+        lambda: agent.metrics.revoked._value.get() == 0, within=20, what="the revocation lifted"
+    )
+    # Reports cost Director nothing; only the re-check's token did.
+    later = sim.request_log(since_seq=seen)
+    assert {r.operation for r in later if r.endpoint == "director"} <= {
+        "requestOneTimeTokenForRuntime"
+    }
