@@ -66,6 +66,7 @@ from bench.stack import (
     start_simulator,
     unique_namespace,
 )
+from control_plane_broker.settings import Settings
 
 PROBE_WINDOW = 5.0  # the target: at most one call to Compass per 5 s while it is down
 RUNTIME_ID_LABEL = "kyma_runtime_id"  # the broker's default BROKER_RUNTIME_ID_LABEL
@@ -75,8 +76,8 @@ REGISTER_BATCH = 50  # steady state registers its runtimes in batches (not a col
 TOKEN_SLACK_SECONDS = 3600  # tokens stay valid this long after a run's deadline
 REPORT_BATCH = 500  # the reports scenario registers its runtimes in batches of this size
 REPORT_SENDERS = 50  # concurrent senders of connection reports
-# The broker's default BROKER_REPORT_REFRESH_SECONDS: a report that changes nothing is written
-# only when the recorded one is older than this (read from the broker's settings if present).
+# Used only if the broker's settings lack BROKER_REPORT_REFRESH_SECONDS: a report that changes
+# nothing is written only when the recorded one is older than this.
 DEFAULT_REPORT_REFRESH_SECONDS = 3600.0
 
 
@@ -713,16 +714,20 @@ class Bench:
             url = run.brokers[0].url
             kcp_before = await self.kcp.request_counts()
             warmup = await send_reports(url, tokens, ids, rate=None)
+            warmup_done = time.monotonic()
             kcp_after = await self.kcp.request_counts()
             warmup_writes = KcpRequests(delta(kcp_before, kcp_after)).writes
             self.progress.say(f"reports: first round {dict(warmup)}, {warmup_writes} KCP writes")
-            refresh = broker_report_refresh_seconds()
+            refresh = broker_setting("report_refresh_seconds", DEFAULT_REPORT_REFRESH_SECONDS)
             spread = await self.kcp.spread_report_ages(
                 run.namespace, [i.lower() for i in ids], oldest=refresh + plan.report_heartbeat / 2
             )
             if not spread:
                 self.progress.say("reports: no status.connection.lastReportAt to spread")
-            await asyncio.sleep(5.0)  # the broker has seen those status changes
+            # The broker has seen those status changes, and no runtime reports again within
+            # the broker's minimum interval (a heartbeat never does).
+            settle = warmup_done + broker_setting("report_min_interval_seconds", 10.0) + 1.0
+            await asyncio.sleep(max(5.0, settle - time.monotonic()))
             order = random.Random(7).sample(ids, len(ids))
             count = max(1, int(len(ids) * plan.report_window / plan.report_heartbeat))
             jobs = [order[i % len(order)] for i in range(count)]
@@ -775,14 +780,11 @@ class LoadPhase:
     ended_wall: float
 
 
-def broker_report_refresh_seconds() -> float:
-    try:
-        from control_plane_broker.settings import Settings  # noqa: PLC0415 (optional field)
-    except ImportError:
-        return DEFAULT_REPORT_REFRESH_SECONDS
-    field_info = Settings.model_fields.get("report_refresh_seconds")
+def broker_setting(name: str, fallback: float) -> float:
+    """The broker's default for one of its settings (what the benchmark's broker runs with)."""
+    field_info = Settings.model_fields.get(name)
     default = getattr(field_info, "default", None)
-    return float(default) if isinstance(default, int | float) else DEFAULT_REPORT_REFRESH_SECONDS
+    return float(default) if isinstance(default, int | float) else fallback
 
 
 def connection_report(token: str) -> dict[str, Any]:
