@@ -183,9 +183,9 @@ class Demo:
         self.start_agents()
         self.enable_module_in_a()
         self.runtime_agent_connects(self.runtimes["A"])
-        self.show_mappings(connected=("A",))
         self.take_compass_down()
         self.enable_module_in_b_while_down()
+        self.show_mappings(connected=("A",))
         self.bring_compass_back()
         self.runtime_agent_connects(self.runtimes["B"])
         self.show_mappings(connected=("A", "B"))
@@ -528,7 +528,11 @@ class Demo:
         headers, rows = world.mapping_table(self.kcp)
         for line in table(headers, rows):
             self.story.detail(line)
-        self.story.done(f"{names} connected, as their agents reported (no Director call)")
+        waiting = [f"runtime {key}" for key in self.specs if key not in connected]
+        self.story.done(
+            f"{names} connected, as their agents reported (no Director call)"
+            + (f"; {' and '.join(waiting)} not yet" if waiting else "")
+        )
 
     def revoke_b(self) -> None:
         runtime = self.runtimes["B"]
