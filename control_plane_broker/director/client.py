@@ -51,8 +51,7 @@ def label_query(value: str) -> str:
 
 
 class DirectorApi(Protocol):
-    """What the rest of the broker calls on Director (the client, or the client on its own
-    thread: `director.thread.DirectorInThread`)."""
+    """What the rest of the broker calls on Director: `DirectorClient`, or a test double."""
 
     async def runtimes_by_label(
         self, *, tenant: str, key: str, value: str

@@ -100,7 +100,6 @@ LAYERS: dict[str, int] = {
             "director.client",
             "director.guard",
             "director.oauth",
-            "director.thread",
             "identity.jwks",
             "identity.tokenreview",
             "identity.verifier",
