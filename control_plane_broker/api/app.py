@@ -37,6 +37,19 @@ from control_plane_broker.retry import Jitter
 
 log = logging.getLogger("control_plane_broker.access")
 
+# What every runtime endpoint takes: the runtime ID in the path and the caller's proof.
+RuntimeIdParam = Annotated[
+    str,
+    Path(
+        pattern=RUNTIME_ID_PATTERN,
+        description="The Kyma runtime ID (the Kyma's `kyma-project.io/runtime-id`).",
+    ),
+]
+AuthorizationHeader = Annotated[
+    str | None, Header(description="`Bearer <ServiceAccount token>` (tokenreview, jwks)")
+]
+XfccHeader = Annotated[str | None, Header(description="Set by the gateway (xfcc mode)")]
+
 
 class TokenResponse(BaseModel):
     token: str = Field(description="One-time token for the Compass Connector.")
@@ -282,20 +295,10 @@ def create_app(
         summary="Issue a one-time token for this runtime's compass-runtime-agent",
     )
     async def issue_token(
-        runtimeID: Annotated[
-            str,
-            Path(
-                pattern=RUNTIME_ID_PATTERN,
-                description="The Kyma runtime ID (the Kyma's `kyma-project.io/runtime-id`).",
-            ),
-        ],
+        runtimeID: RuntimeIdParam,
         request: Request,
-        authorization: Annotated[
-            str | None, Header(description="`Bearer <ServiceAccount token>` (tokenreview, jwks)")
-        ] = None,
-        x_forwarded_client_cert: Annotated[
-            str | None, Header(description="Set by the gateway (xfcc mode)")
-        ] = None,
+        authorization: AuthorizationHeader = None,
+        x_forwarded_client_cert: XfccHeader = None,
     ) -> TokenResponse:
         headers = {k.lower(): v for k, v in request.headers.items()}
         with metrics.request_seconds.time():
@@ -338,20 +341,10 @@ def create_app(
         summary="Report this runtime's Compass connection state (costs no Director call)",
     )
     async def report_connection(
-        runtimeID: Annotated[
-            str,
-            Path(
-                pattern=RUNTIME_ID_PATTERN,
-                description="The Kyma runtime ID (the Kyma's `kyma-project.io/runtime-id`).",
-            ),
-        ],
+        runtimeID: RuntimeIdParam,
         request: Request,
-        authorization: Annotated[
-            str | None, Header(description="`Bearer <ServiceAccount token>` (tokenreview, jwks)")
-        ] = None,
-        x_forwarded_client_cert: Annotated[
-            str | None, Header(description="Set by the gateway (xfcc mode)")
-        ] = None,
+        authorization: AuthorizationHeader = None,
+        x_forwarded_client_cert: XfccHeader = None,
     ) -> ReportAccepted:
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
