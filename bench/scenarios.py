@@ -558,6 +558,21 @@ class Bench:
 
     # -- steady state ---------------------------------------------------------------------
 
+    async def _register(
+        self, run: Run, tokens: dict[str, str], *, batch: int, scenario: str
+    ) -> list[str]:
+        """Every runtime of `run` registered beforehand, `batch` at a time (all at once is what
+        the cold start measures); the IDs of those that got their token."""
+        agents = self.agents(run, tokens)
+        ids: list[str] = []
+        for first in range(0, len(agents), batch):
+            part = agents[first : first + batch]
+            self.progress.say(f"{scenario}: registering {first + len(part)}/{len(agents)}")
+            spec = RunSpec("cold", len(part), 0.0)
+            measured = await self._fleet(run, part, deadline=planning.deadline(self.plan, spec))
+            ids += list(measured.fleet.connected_at)
+        return ids
+
     async def steady(self) -> SteadyResult:
         """Registered runtimes ask again; Director answers at once (latency 0, capacity C) so
         the figures are the broker's own, plus the simulator's small service time."""
@@ -565,15 +580,7 @@ class Bench:
         spec = RunSpec("steady", plan.steady_runtimes, 0.0)
         tokens = await self.tokens_for(spec, self.keys[: spec.n])
         async with self.stack(spec, capacity=plan.capacity) as run:
-            # Registered beforehand in batches: all at once is what the cold start measures.
-            agents = self.agents(run, tokens)
-            ids: list[str] = []
-            for first in range(0, len(agents), REGISTER_BATCH):
-                part = agents[first : first + REGISTER_BATCH]
-                self.progress.say(f"steady: registering {first + len(part)}/{len(agents)}")
-                batch = RunSpec("cold", len(part), 0.0)
-                measured = await self._fleet(run, part, deadline=planning.deadline(plan, batch))
-                ids += list(measured.fleet.connected_at)
+            ids = await self._register(run, tokens, batch=REGISTER_BATCH, scenario="steady")
             # Each registration used one token of the runtime's rate-limit bucket (burst 5):
             # one sequential round on a few runtimes, then three rounds over all of them.
             single = await self._load(run, tokens, ids[:50], callers=1, expect=201)
@@ -703,14 +710,7 @@ class Bench:
         spec = RunSpec("reports", plan.report_runtimes, 0.0)
         tokens = await self.tokens_for(spec, self.keys[: spec.n])
         async with self.stack(spec, capacity=plan.capacity) as run:
-            agents = self.agents(run, tokens)
-            ids: list[str] = []
-            for first in range(0, len(agents), REPORT_BATCH):
-                part = agents[first : first + REPORT_BATCH]
-                self.progress.say(f"reports: registering {first + len(part)}/{len(agents)}")
-                batch = RunSpec("cold", len(part), 0.0)
-                measured = await self._fleet(run, part, deadline=planning.deadline(plan, batch))
-                ids += list(measured.fleet.connected_at)
+            ids = await self._register(run, tokens, batch=REPORT_BATCH, scenario="reports")
             url = run.brokers[0].url
             kcp_before = await self.kcp.request_counts()
             warmup = await send_reports(url, tokens, ids, rate=None)
