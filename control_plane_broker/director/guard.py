@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from control_plane_broker import circuit_breaker as cb
-from control_plane_broker.director.admission import Admitted, Calendar
+from control_plane_broker.director.admission import Admitted, Calendar, advise
 from control_plane_broker.director.errors import DirectorRetryable
 from control_plane_broker.errors import CompassDown, CompassUnavailable, TurnBooked
 
@@ -104,7 +104,7 @@ class DirectorGuard:
             key, calls=calls, now=now, queued_calls=self._slots.waiting, not_before=probe_at
         )
         wait = verdict.retry_after if not isinstance(verdict, Admitted) else probe_at - now
-        raise CompassDown("circuit breaker open", retry_after=wait)
+        raise CompassDown("circuit breaker open", retry_after=self._advise(wait))
 
     def book(self, key: str, *, calls: int) -> None:
         """Admits a request of `calls` Director calls for `key`, or raises `TurnBooked`."""
@@ -112,7 +112,12 @@ class DirectorGuard:
             key, calls=calls, now=self._clock(), queued_calls=self._slots.waiting
         )
         if not isinstance(verdict, Admitted):
-            raise TurnBooked("Director capacity is booked", retry_after=verdict.retry_after)
+            raise TurnBooked(
+                "Director capacity is booked", retry_after=self._advise(verdict.retry_after)
+            )
+
+    def _advise(self, wait: float) -> float:
+        return advise(wait, max_wait=self._queue_timeout)
 
     def release_booking(self, key: str) -> None:
         self.calendar.cancel(key)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from control_plane_broker import circuit_breaker as cb
-from control_plane_broker.director.admission import Admitted, Calendar, Deferred
+from control_plane_broker.director.admission import Admitted, Calendar, Deferred, advise
 from control_plane_broker.director.errors import DirectorRetryable
 from control_plane_broker.director.guard import FIRST_CALL, FOLLOW_UP, DirectorGuard, PrioritySlots
 from control_plane_broker.errors import CompassUnavailable, TurnBooked
@@ -100,6 +100,18 @@ def test_an_expired_ticket_is_forgotten_and_the_request_books_anew() -> None:
     assert cal.tickets() == 0
 
 
+def test_while_director_is_down_a_ticket_keeps_its_place_until_its_turn() -> None:
+    cal = calendar()
+    assert cal.book("a", calls=1, now=0.0, not_before=30.0) == Deferred(retry_after=30.0)
+    booked = cal.booked_until
+    # Back early, within max_wait of its turn, Director still down: the same turn, not a new
+    # one behind everybody who asked meanwhile.
+    assert cal.book("a", calls=1, now=29.5, not_before=35.0) == Deferred(retry_after=0.5)
+    assert cal.booked_until == booked
+    # Its turn has passed and Director is still down: booked after the next probe.
+    assert cal.book("a", calls=1, now=30.5, not_before=35.0) == Deferred(retry_after=4.5)
+
+
 def test_cancel_gives_the_ticket_up() -> None:
     cal = calendar(max_wait=0.0)
     cal.book("a", calls=1, now=0.0)
@@ -115,6 +127,22 @@ def test_the_queue_in_front_of_director_counts_even_when_nothing_is_booked() -> 
     assert cal.book("a", calls=1, now=50.0, queued_calls=80) == Deferred(retry_after=5.0)
     # and what it booked is behind that queue, also for a request that sees a shorter one
     assert cal.book("b", calls=1, now=50.0, queued_calls=10) == Deferred(retry_after=5.0 + SLOT)
+
+
+@pytest.mark.parametrize(
+    ("wait", "max_wait", "told"),
+    [
+        (0.2, 10.0, 1.0),  # never less than the header's second
+        (5.0, 10.0, 4.0),  # a second of jitter
+        (33.0, 10.0, 30.0),  # a tenth: 30 + 3 is its turn at the latest
+        (125.0, 10.0, 115.0),  # not more than max_wait early: it would be sent away again
+        (33.0, 0.0, 33.0),  # no waiting room: exactly its turn
+    ],
+)
+def test_agents_are_told_a_time_that_gets_them_there_by_their_turn(
+    wait: float, max_wait: float, told: float
+) -> None:
+    assert advise(wait, max_wait=max_wait) == told
 
 
 def test_latency_estimate_follows_measurements_smoothly_and_bounded() -> None:
@@ -230,7 +258,8 @@ def test_book_refuses_with_the_turn_and_no_jitter() -> None:
         g.book(f"rt-{i}", calls=1)
     with pytest.raises(TurnBooked) as info:
         g.book("late", calls=1)
-    assert info.value.retry_after == pytest.approx(1.05)
+    # its turn is 1.05 s ahead: told the whole second that gets it there by then
+    assert info.value.retry_after == advise(1.05, max_wait=1.0) == 1.0
     assert (info.value.status, info.value.slug, info.value.spread) == (
         503,
         "capacity-booked",
@@ -255,15 +284,15 @@ async def test_while_open_the_fleet_is_spread_over_turns_after_the_probe() -> No
         with pytest.raises(CompassUnavailable) as info:
             g.refuse_if_open(f"rt-{index}", calls=2)
         turns.append(info.value.retry_after)
-    # Nobody before the probe; then one after the other at Director's pace, not all at once.
-    assert min(turns) >= 30
-    assert turns == sorted(turns)
+    # Nobody before the probe; then one after the other at Director's pace, not all at once
+    # (each told the time that gets it there by its turn, see `advise`).
     per_runtime = 2 * g.calendar.seconds_per_call()
-    assert turns[-1] - turns[0] == pytest.approx(99 * per_runtime)
+    assert turns == [advise(30 + i * per_runtime, max_wait=1.0) for i in range(100)]
+    assert min(turns) >= 29
     # Asking again before its turn gives the same turn (no second booking).
     with pytest.raises(CompassUnavailable) as again:
         g.refuse_if_open("rt-50", calls=2)
-    assert again.value.retry_after == pytest.approx(turns[50])
+    assert again.value.retry_after == turns[50]
 
 
 async def test_refuse_if_open_is_cheap_and_does_not_take_the_probe() -> None:
@@ -279,7 +308,7 @@ async def test_refuse_if_open_is_cheap_and_does_not_take_the_probe() -> None:
     assert g.state is cb.State.OPEN
     with pytest.raises(CompassUnavailable) as info:
         g.refuse_if_open("rt-1", calls=1)
-    assert info.value.retry_after == pytest.approx(30)
+    assert info.value.retry_after == advise(30, max_wait=1.0) == 29
     assert not info.value.spread  # the turn is the spread: no random seconds on top
     clock.now += 30
     g.refuse_if_open("rt-1", calls=1)  # the probe's turn: not refused ...
