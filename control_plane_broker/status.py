@@ -185,7 +185,7 @@ class StatusRecorder:
     async def issued(self, *, kyma: KymaView, registered: Registered) -> None:
         now = self._clock()
         try:
-            mapping = await self._current(kyma.name, None)
+            mapping = await self._current(kyma.name, registered.mapping)
             if mapping is not None:
                 await self._write(
                     kyma.name, mapping, lambda m: issued_status(m, registered=registered, now=now)

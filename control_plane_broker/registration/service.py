@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from control_plane_broker.director.client import DirectorApi
@@ -62,6 +62,9 @@ class Registered:
     tenant: str
     outcome: str  # adopted | found | registered
     labels: dict[str, str] | None = None  # the Director labels sent, when registered now
+    # The mapping as last read or written: its status is written next, and a fresh
+    # resourceVersion spares the read the watch has not caught up with yet.
+    mapping: Mapping | None = field(default=None, repr=False, compare=False)
 
 
 Hook = Callable[[KymaView, str], None]
@@ -100,7 +103,9 @@ class RegistrationService:
         mapping = self._cache.get(kyma.name)
         if mapping is None or mapping.deleting or not mapping.compass_id:
             return None
-        return Registered(mapping.compass_id, mapping.tenant or kyma.tenant or "", "adopted")
+        return Registered(
+            mapping.compass_id, mapping.tenant or kyma.tenant or "", "adopted", mapping=mapping
+        )
 
     async def ensure_registered(self, kyma: KymaView) -> Registered:
         tenant = kyma.tenant
@@ -110,7 +115,7 @@ class RegistrationService:
         if cached is not None and cached.deleting:
             raise KymaDeleting("the runtime's mapping is being deleted")
         if cached is not None and cached.compass_id:
-            return Registered(cached.compass_id, cached.tenant or tenant, "adopted")
+            return Registered(cached.compass_id, cached.tenant or tenant, "adopted", mapping=cached)
         # Concurrent requests of one runtime (and the reconciler) share one registration.
         return await self._flights.do(kyma.name, lambda: self._guarded(kyma, tenant, cached))
 
@@ -131,7 +136,12 @@ class RegistrationService:
             now = self._clock()
             match state.decide(mapping, me=self._me, now=now):
                 case state.Adopt(compass_id=compass_id):
-                    return Registered(compass_id, (mapping and mapping.tenant) or tenant, "adopted")
+                    return Registered(
+                        compass_id,
+                        (mapping and mapping.tenant) or tenant,
+                        "adopted",
+                        mapping=mapping,
+                    )
                 case state.Refuse(reason=reason):
                     raise KymaDeleting(reason)
                 case state.Wait(retry_after=retry_after):
@@ -179,10 +189,10 @@ class RegistrationService:
                     compass_id, outcome, labels = await self._find_or_register(
                         kyma, tenant, lookup=kyma.name not in self._unregistered
                     )
-                    await self._record(mapping, compass_id, labels)
+                    recorded = await self._record(mapping, compass_id, labels)
                     self._unregistered.discard(kyma.name)
                     self._metrics.registrations.labels(outcome).inc()
-                    return Registered(compass_id, tenant, outcome, labels)
+                    return Registered(compass_id, tenant, outcome, labels, mapping=recorded)
         raise RegistrationBusy("registration did not settle", retry_after=1)
 
     def _claim(self, mapping: Mapping, now: float) -> dict[str, object]:
@@ -238,7 +248,7 @@ class RegistrationService:
 
     async def _record(
         self, mapping: Mapping, compass_id: str, labels: dict[str, str] | None
-    ) -> None:
+    ) -> Mapping:
         current: Mapping | None = mapping
         for _ in range(MAX_ROUNDS):
             if current is None:
@@ -249,11 +259,10 @@ class RegistrationService:
                         "mapping already records another Compass runtime",
                         extra={"kyma": current.name, "compass_id": current.compass_id},
                     )
-                return
+                return current
             with contextlib.suppress(Conflict):
-                await self._repo.replace(
+                return await self._repo.replace(
                     state.recorded(current, compass_id=compass_id, director_labels=labels)
                 )
-                return
             current = await self._repo.get(mapping.name)
         raise RegistrationBusy("could not record the registration", retry_after=1)

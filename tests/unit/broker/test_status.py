@@ -9,10 +9,12 @@ import pytest
 
 from control_plane_broker import errors
 from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
+from control_plane_broker.model import KymaView
 from control_plane_broker.registration import state
 from control_plane_broker.registration.service import Registered
 from control_plane_broker.status import (
     TOKEN_TIMESTAMP_REFRESH,
+    StatusRecorder,
     failed_status,
     failure_text,
     issued_status,
@@ -233,3 +235,49 @@ def test_failed_status_records_director_labels_only_when_they_differ() -> None:
     )
     assert other == {"directorLabels": {"kyma_runtime_id": "RT-2"}}
     assert not tell
+
+
+class _Writes:
+    """A mapping repository that records status writes and refuses to be read."""
+
+    def __init__(self) -> None:
+        self.patched: list[tuple[str, str | None]] = []
+
+    async def get(self, name: str) -> state.Mapping | None:
+        raise AssertionError(f"read {name}: the registration's own write was fresher")
+
+    async def patch_status(
+        self, name: str, status: dict[str, Any], *, resource_version: str | None = None
+    ) -> None:
+        self.patched.append((name, resource_version))
+
+
+class _NoCache:
+    def get(self, name: str) -> state.Mapping | None:
+        return None  # the watch has not delivered the new mapping yet
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def emit(self, *, kyma_name: str, kyma_uid: str, reason: str, message: str) -> None:
+        self.reasons.append(reason)
+
+
+async def test_a_new_registration_writes_its_status_on_its_own_write_without_reading() -> None:
+    repo, events = _Writes(), _Events()
+    recorder = StatusRecorder(
+        repo=repo,  # type: ignore[arg-type]
+        cache=_NoCache(),
+        events=events,  # type: ignore[arg-type]
+        clock=lambda: NOW,
+    )
+    recorded = state.Mapping.from_object(
+        {"metadata": {"name": "rt-1", "resourceVersion": "42", "generation": 2}}
+    )
+    registered = Registered("c-1", "ga", "registered", {"kyma_runtime_id": "RT-1"}, recorded)
+    kyma = KymaView.from_object({"metadata": {"name": "rt-1", "uid": "u-1"}})
+    await recorder.issued(kyma=kyma, registered=registered)
+    assert repo.patched == [("rt-1", "42")]  # conditional on the version it wrote, no GET
+    assert events.reasons == ["RuntimeRegistered"]
