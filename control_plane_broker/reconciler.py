@@ -229,8 +229,16 @@ class Reconciler:
 
     async def reconcile(self, name: str) -> None:
         viewed = self._mappings.get(name)
-        if viewed is None or isinstance(self._plan(viewed), Nothing):
-            return  # the common case, decided on the watch-fed view without a request
+        if viewed is None:
+            return
+        match self._plan(viewed):
+            case Nothing():
+                return  # the common case, decided on the watch-fed view without a request
+            case Requeue(after=after):
+                # A registration in flight: nothing to act on, so nothing to read either (its
+                # record arrives by the watch and queues the name again).
+                self._enqueue_later(name, after)
+                return
         mapping = await self._repo.get(name)  # acting: on the current object only
         if mapping is None:
             return

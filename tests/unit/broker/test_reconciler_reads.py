@@ -1,0 +1,66 @@
+"""What the reconciler reads from the API server: nothing while it has nothing to act on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from control_plane_broker.metrics import Metrics
+from control_plane_broker.reconciler import Reconciler
+from control_plane_broker.registration import state
+from control_plane_broker.settings import Settings
+
+
+class _View:
+    def __init__(self, items: dict[str, object]) -> None:
+        self._items = items
+        self.synced = True
+
+    def get(self, name: str) -> object | None:
+        return self._items.get(name)
+
+    def add_listener(self, listener: Callable[[str], None]) -> None:
+        pass
+
+
+class _NoReads:
+    async def get(self, name: str) -> state.Mapping | None:
+        raise AssertionError(f"read {name} although nothing was to be done")
+
+
+def _claimed(expires: float) -> state.Mapping:
+    return state.Mapping(
+        name="rt-1",
+        resource_version="7",
+        compass_id=None,
+        claim_holder="other-replica",
+        claim_expires=expires,
+        deleting=False,
+        finalizers=(state.FINALIZER,),
+        director_labels={},
+        tenant="ga",
+        runtime_id="RT-1",
+        shoot="c-1",
+        document=b'{"metadata": {"name": "rt-1", "resourceVersion": "7"}}',
+    )
+
+
+async def test_a_registration_in_flight_is_looked_at_again_later_without_a_read() -> None:
+    now = 100.0
+    reconciler = Reconciler(
+        settings=Settings(director_url="http://director.invalid"),  # type: ignore[call-arg]
+        cache=_View({}),  # type: ignore[arg-type]
+        mappings=_View({"rt-1": _claimed(expires=now + 0.05)}),  # type: ignore[arg-type]
+        repo=_NoReads(),  # type: ignore[arg-type]
+        director=None,  # type: ignore[arg-type]
+        events=None,  # type: ignore[arg-type]
+        status=None,  # type: ignore[arg-type]
+        metrics=Metrics(),
+        leading=lambda: True,
+        clock=lambda: now,
+    )
+    await reconciler.reconcile("rt-1")
+    # queued again once the claim has expired (plus half a second), not before
+    assert reconciler._queue.empty()
+    await asyncio.sleep(0.7)
+    assert reconciler._queue.get_nowait() == "rt-1"
