@@ -67,6 +67,7 @@ from bench.stack import (
     unique_namespace,
 )
 from control_plane_broker.settings import Settings
+from kubeapi import KubeError
 
 PROBE_WINDOW = 5.0  # the target: at most one call to Compass per 5 s while it is down
 RUNTIME_ID_LABEL = "kyma_runtime_id"  # the broker's default BROKER_RUNTIME_ID_LABEL
@@ -196,6 +197,11 @@ class Bench:
                         )
         finally:
             sim.child.stop()
+            self.progress.say(f"{spec.label}: clearing KCP namespace {namespace}")
+            try:
+                await self.kcp.clear_namespace(namespace)
+            except KubeError as exc:  # the run's own outcome matters more than the tidying
+                self.progress.say(f"{spec.label}: could not clear {namespace}: {exc}")
 
     def _clusters(self) -> RuntimeClusters:
         if self.runtime_clusters is None:

@@ -31,7 +31,7 @@ import yaml
 from bench.keys import AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, AUDIENCE, RuntimeKey
 from bench.procs import Child, python_child, wait_http_ok
 from bench.prometheus import parse_request_counts
-from kubeapi import Conflict, KubeClient, KubeError, access_from_kubeconfig_file
+from kubeapi import Conflict, KubeClient, KubeError, NotFound, access_from_kubeconfig_file
 
 GROUP = "operator.kyma-project.io"
 CLIENT_ID = "bench-broker"
@@ -60,6 +60,37 @@ class ApiServer:
         async with self.client() as kube:
             with contextlib.suppress(Conflict):
                 await kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
+
+    async def clear_namespace(self, namespace: str, *, concurrency: int = 24) -> int:
+        """Removes what a run left in its namespace (Kymas, mappings, Events, Secrets, Leases),
+        so that the next run meets an API server (and its watch cache) holding only its own
+        objects. The mappings' finalizers go first: no broker is left to release them. The
+        namespace itself stays (no namespace controller runs here to finish deleting it).
+        Returns the number of mappings removed."""
+        mappings = f"/apis/{GROUP}/v1beta1/namespaces/{namespace}/compassmanagermappings"
+        gate = asyncio.Semaphore(concurrency)
+        async with self.client() as kube:
+            listing = await kube.list(mappings)
+
+            async def release(item: Mapping[str, Any]) -> None:
+                meta = item.get("metadata") or {}
+                if meta.get("finalizers"):
+                    async with gate:
+                        with contextlib.suppress(NotFound):
+                            await kube.merge_patch(
+                                f"{mappings}/{meta['name']}", {"metadata": {"finalizers": None}}
+                            )
+
+            await asyncio.gather(*(release(item) for item in listing.items))
+            for collection in (
+                mappings,
+                f"/apis/{GROUP}/v1beta2/namespaces/{namespace}/kymas",
+                f"/api/v1/namespaces/{namespace}/events",
+                f"/api/v1/namespaces/{namespace}/secrets",
+                f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+            ):
+                await kube.delete(collection)
+        return len(listing.items)
 
     async def seed_kymas(
         self, namespace: str, keys: Sequence[RuntimeKey], *, concurrency: int = 24
