@@ -11,6 +11,7 @@ finish, background tasks stop, the Lease is released.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -337,6 +338,11 @@ async def run(  # noqa: PLR0915
         supervisor.start("sweep", reconciler.run_sweeps)
         supervisor.start("connection-check", reconciler.run_connection_checks)
 
+    # What start-up made (modules, settings, clients, the app) lives as long as the process:
+    # frozen out of the collector, so that a full collection walks only what requests made.
+    # Measured in the steady-state benchmark: full collections of 26-90 ms before, 17-25 ms
+    # after; one caller's p99 from 13-20 ms to under 10 ms.
+    gc.freeze()
     sock = bind(settings.host, settings.port)
     server = build_server(app, header_timeout=HEADER_TIMEOUT_SECONDS)
     loop = asyncio.get_running_loop()
