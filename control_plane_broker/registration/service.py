@@ -7,8 +7,10 @@ compass-manager's) only where an earlier attempt may have registered the runtime
 
 - a mapping this process *created* had no holder before us, and we register nothing without
   holding the claim, so nobody can have registered this Kyma as long as every attempt of ours
-  failed before its request left (no access token, no connection, the breaker): no lookup (the
-  hot path of a new runtime costs exactly `registerRuntime`, also after an outage);
+  failed before its request left (no access token, no connection, the breaker) and the claim
+  still names us when we take it again after it lapsed (every taker writes its own name): no
+  lookup (the hot path of a new runtime costs exactly `registerRuntime`, also after an outage
+  longer than the claim);
 - a mapping that existed without a Compass ID (compass-manager creates its mapping before it
   registers; a broker that crashed or lost Director's answer leaves its claim) may have a
   registration behind it: it is looked up before registering.
@@ -172,8 +174,11 @@ class RegistrationService:
                 case state.TakeClaim():
                     assert mapping is not None
                     # A claim that lapsed may have been taken and used by another replica
-                    # meanwhile: from here on this runtime is looked up before registering.
-                    self._unregistered.discard(kyma.name)
+                    # meanwhile: from here on this runtime is looked up before registering,
+                    # unless the lapsed claim is still our own (whoever takes a claim writes
+                    # its name into it, so nobody else has held it since).
+                    if mapping.claim_holder != self._me:
+                        self._unregistered.discard(kyma.name)
                     try:
                         mapping = await self._repo.replace(self._claim(mapping, now))
                     except Conflict:  # lost the race, or our view was stale: decide again

@@ -349,6 +349,37 @@ def test_director_down_gives_503_and_breaker_stops_calls(
     assert r.json()["compassRuntimeID"] == director_runtimes(sim, rt_a.tenant)[0].id
 
 
+def test_a_claim_that_lapsed_while_director_was_down_registers_without_a_lookup(
+    brokers: BrokerFactory, rt_a: Runtime, sim: Any
+) -> None:
+    # The broker's own claim lapsed during the outage and nobody took it since: no attempt
+    # can have reached Director, so the runtime is registered at once, not looked up first.
+    broker = brokers(
+        BROKER_DIRECTOR_TIMEOUT_SECONDS="1",
+        BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS="1",
+        BROKER_REGISTRATION_CLAIM_SECONDS="5",
+        BROKER_BREAKER_FAILURE_THRESHOLD="1",
+        BROKER_BREAKER_OPEN_SECONDS="1",
+    )
+    sim.set_faults(Faults(down=DownMode.UNAVAILABLE))
+    r = broker.request_token(rt_a.runtime_id, rt_a.token())
+    assert (r.status_code, problem_type(r)) == (503, "compass-unavailable")
+    claimed = rt_a.mapping()
+    assert claimed is not None
+    assert "kyma-project.io/compass-runtime-id" not in claimed["metadata"].get("labels", {})
+    time.sleep(5.5)  # the claim lapses
+    sim.clear_faults()
+    wait_for(
+        lambda: broker.request_token(rt_a.runtime_id, rt_a.token()).status_code == 201,
+        timeout=15,
+        interval=0.5,
+        what="a token once Director is back",
+    )
+    assert attempts(sim, "registerRuntime") == 1
+    assert attempts(sim, "runtimes") == 0
+    assert len(director_runtimes(sim, rt_a.tenant)) == 1
+
+
 def test_lost_register_response_leaves_one_runtime(
     brokers: BrokerFactory, rt_a: Runtime, sim: Any
 ) -> None:
