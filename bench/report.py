@@ -614,7 +614,8 @@ def render(report: BenchReport) -> str:
         "ServiceAccount for the broker's audience from TokenRequest.",
         "- Kyma CRs (labelled as KEB labels them, module `application-connector` enabled) and the "
         "broker's `CompassManagerMapping`s live in a real control-plane API server "
-        "(kube-apiserver + etcd from `devenv.clusters`), a fresh namespace per run. KCP "
+        "(kube-apiserver + etcd from `devenv.clusters`), a fresh namespace per run, emptied "
+        "after it (so no run meets an earlier run's objects). KCP "
         "requests are the API server's own `apiserver_request_total` (from its `/metrics`), "
         "read before and after each phase while nothing but the broker talks to it.",
         "- Compass is the project's simulator (`python -m devenv.compass_sim`) with "
