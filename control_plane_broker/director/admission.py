@@ -18,9 +18,10 @@ the agent is there by its turn (it is admitted up to `max_wait` before it and wa
 keeping Director busy), and never so early that it would be sent away again.
 
 Holds: pure (the clock is an argument); no request waits longer than `max_wait` for its turn by
-the estimate; a key holds at most one ticket; tickets expire, so agents that never come back do
-not hold capacity forever; while Director is down a ticket keeps its place until its turn;
-memory is bounded by the number of distinct keys with a ticket.
+the estimate, also one that comes back on its ticket while the queue in front of Director is
+longer than the calendar expected; a key holds at most one ticket; tickets expire, so agents
+that never come back do not hold capacity forever; while Director is down a ticket keeps its
+place until its turn; memory is bounded by the number of distinct keys with a ticket.
 """
 
 from __future__ import annotations
@@ -103,6 +104,15 @@ class Calendar:
                 # same turn again, nothing booked twice, its place in the fleet kept.
                 return Deferred(retry_after=ticket.turn - now)
             else:
+                behind = queued_calls * self.seconds_per_call() - self.max_wait
+                if not_before is None and behind > 0:
+                    # Director is behind the calendar (its latency grew after the turn was
+                    # booked, e.g. another replica shares it): admitted now, it would wait
+                    # longer than promised, perhaps past the agent's timeout. Its turn moves
+                    # back by what the queue is late; its place stays its own.
+                    ticket.turn = now + behind
+                    ticket.expires = ticket.turn + self.ticket_grace
+                    return Deferred(retry_after=behind)
                 del self._tickets[key]  # its capacity was booked when it was deferred
                 if not_before is None:
                     return Admitted()

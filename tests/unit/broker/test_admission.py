@@ -351,3 +351,17 @@ async def test_a_call_that_finds_no_slot_in_twice_the_queue_timeout_is_refused()
     release.set()
     await holder
     assert g.state is cb.State.CLOSED  # our own queue, no verdict on Director
+
+
+def test_a_ticket_waits_while_director_is_behind_the_calendar() -> None:
+    cal, turn = deferred()
+    booked = cal.booked_until
+    # Back at its turn, but 48 calls (3 s) wait in front of Director, 2 s more than max_wait:
+    # admitted now it would wait longer than promised. Told to come back when it would not.
+    assert cal.book("late", calls=1, now=turn, queued_calls=48) == Deferred(retry_after=2.0)
+    assert cal.tickets() == 1
+    assert cal.booked_until == booked  # nothing booked twice
+    # Back then, with the queue down to max_wait: admitted on its ticket.
+    assert cal.book("late", calls=1, now=turn + 2.0, queued_calls=16) == Admitted()
+    assert cal.tickets() == 0
+    assert cal.booked_until == booked
