@@ -108,9 +108,9 @@ async def run(  # noqa: PLR0915
         user_agent="compass-broker",
         timeout=10.0,
         # httpcore polls every idle pooled connection on each request: a few busy
-        # connections serve a burst faster than many idle ones (cold start N = 1,000: with 4
-        # instead of 8 the broker used 17.7-18.6 s of CPU instead of 20.2-24.4 s).
-        max_connections=4,
+        # connections serve a burst faster than many idle ones. 4 used less CPU at N = 1,000,
+        # but 8 is what the last good two-replica run at N = 5,000 had (docs/benchmarks.md).
+        max_connections=8,
         on_request=metrics.on_kube_request,
     )
     kymas = kyma_informer(kcp, namespace=ns, delay=watch_backoff)
