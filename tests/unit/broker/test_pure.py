@@ -25,6 +25,7 @@ from control_plane_broker.reconciler import Nothing, Requeue, SyncLabels, Unregi
 from control_plane_broker.registration import naming, state
 from control_plane_broker.retry import backoff, retry_after_seconds
 from observability.logs import redact
+from tests.unit.broker.mapping_views import mapping_view as _mapping
 
 POLICY = cb.BreakerPolicy(failure_threshold=3, open_seconds=10.0)
 
@@ -255,29 +256,6 @@ def test_director_labels_keep_compass_manager_set_and_add_ours() -> None:
 
 
 # --- registration transitions -------------------------------------------------------------------
-
-
-def _mapping(
-    *,
-    compass_id: str | None = None,
-    holder: str | None = None,
-    expires: float | None = None,
-    deleting: bool = False,
-) -> state.Mapping:
-    return state.Mapping(
-        name="rt-1",
-        resource_version="7",
-        compass_id=compass_id,
-        claim_holder=holder,
-        claim_expires=expires,
-        deleting=deleting,
-        finalizers=(state.FINALIZER,),
-        director_labels={},
-        tenant="ga",
-        runtime_id="RT-1",
-        shoot="c-1",
-        document=b'{"metadata": {"name": "rt-1", "resourceVersion": "7"}}',
-    )
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from control_plane_broker.metrics import Metrics
 from control_plane_broker.reconciler import Reconciler
 from control_plane_broker.registration import state
 from control_plane_broker.settings import Settings
+from tests.unit.broker.mapping_views import mapping_view
 
 
 class _View:
@@ -28,29 +29,13 @@ class _NoReads:
         raise AssertionError(f"read {name} although nothing was to be done")
 
 
-def _claimed(expires: float) -> state.Mapping:
-    return state.Mapping(
-        name="rt-1",
-        resource_version="7",
-        compass_id=None,
-        claim_holder="other-replica",
-        claim_expires=expires,
-        deleting=False,
-        finalizers=(state.FINALIZER,),
-        director_labels={},
-        tenant="ga",
-        runtime_id="RT-1",
-        shoot="c-1",
-        document=b'{"metadata": {"name": "rt-1", "resourceVersion": "7"}}',
-    )
-
-
 async def test_a_registration_in_flight_is_looked_at_again_later_without_a_read() -> None:
     now = 100.0
+    claimed = mapping_view(holder="other-replica", expires=now + 0.05)
     reconciler = Reconciler(
         settings=Settings(director_url="http://director.invalid"),  # type: ignore[call-arg]
         cache=_View({}),  # type: ignore[arg-type]
-        mappings=_View({"rt-1": _claimed(expires=now + 0.05)}),  # type: ignore[arg-type]
+        mappings=_View({"rt-1": claimed}),  # type: ignore[arg-type]
         repo=_NoReads(),  # type: ignore[arg-type]
         director=None,  # type: ignore[arg-type]
         events=None,  # type: ignore[arg-type]
