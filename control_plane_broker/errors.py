@@ -9,6 +9,7 @@
     │   ├── ControlPlaneUnavailable 503  the KCP API server could not be reached
     │   ├── RuntimeKubeconfigInvalid 503 the runtime's kubeconfig Secret in KCP breaks our rules
     │   ├── InternalError           503  a bug in the broker (logged); never a bare 500
+    │   ├── CallerGone              503  the caller hung up before its token was requested
     │   └── RateLimited             429  too many token issues or connection reports for one runtime
     └── PermanentError              (the same request will fail the same way)
         ├── MalformedRequest        400  runtime ID or headers fail validation
@@ -104,6 +105,16 @@ class InternalError(TemporaryError):
     slug = "internal-error"
     status = 503
     title = "The broker failed unexpectedly; try again later"
+
+
+class CallerGone(TemporaryError):
+    """The caller closed its connection while its request waited for Director: its token would
+    be spent on nobody (one-time tokens are not handed to the next caller). Nobody reads the
+    answer; it exists for the access log and the metric."""
+
+    slug = "caller-gone"
+    status = 503
+    title = "The caller closed the connection before its token was requested"
 
 
 class RateLimited(TemporaryError):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from control_plane_broker.director.client import DirectorApi
-from control_plane_broker.director.guard import DirectorGuard
+from control_plane_broker.director.guard import CallerPresent, DirectorGuard
 from control_plane_broker.errors import (
     CompassRejected,
     CompassUnavailable,
@@ -87,7 +87,16 @@ class TokenIssuer:
         self._limiter = limiter
         self._clock = clock  # monotonic: rate limits
 
-    async def issue(self, runtime_id: str, headers: Mapping[str, str]) -> IssuedToken:
+    async def issue(
+        self,
+        runtime_id: str,
+        headers: Mapping[str, str],
+        *,
+        caller_present: CallerPresent | None = None,
+    ) -> IssuedToken:
+        """`caller_present` tells whether the caller still waits (the HTTP connection is open):
+        a registration goes on without it (the next request needs only the token), a token
+        is requested only for a caller that is still there."""
         kyma_name = validate_runtime_id(runtime_id)
         if not self._cache.synced:
             raise NotReady("the Kyma cache has not synced yet", retry_after=2)
@@ -112,6 +121,7 @@ class TokenIssuer:
                 tenant=registered.tenant,
                 runtime_id=registered.compass_id,
                 follow_up=known is None,
+                caller_present=caller_present,
             )
         except (CompassUnavailable, CompassRejected) as exc:
             await self._status.failed(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
@@ -225,6 +225,16 @@ class AccessLog:
             )
 
 
+def _still_connected(request: Request) -> Callable[[], Awaitable[bool]]:
+    """Whether the client still waits for this request's answer (no body is read by the token
+    endpoint, so consuming the request message here loses nothing)."""
+
+    async def check() -> bool:
+        return not await request.is_disconnected()
+
+    return check
+
+
 def create_app(
     *,
     issuer: TokenIssuer,
@@ -303,7 +313,9 @@ def create_app(
         headers = {k.lower(): v for k, v in request.headers.items()}
         with metrics.request_seconds.time():
             try:
-                issued = await issuer.issue(runtimeID, headers)
+                issued = await issuer.issue(
+                    runtimeID, headers, caller_present=_still_connected(request)
+                )
             except BrokerError as exc:
                 metrics.token_requests.labels(exc.slug).inc()
                 raise

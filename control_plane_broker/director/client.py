@@ -19,7 +19,7 @@ from control_plane_broker.director.errors import (
     DirectorRetryable,
     classify,
 )
-from control_plane_broker.director.guard import DirectorGuard
+from control_plane_broker.director.guard import CallerPresent, DirectorGuard
 from control_plane_broker.director.models import (
     DirectorRuntime,
     GraphQLError,
@@ -64,7 +64,12 @@ class DirectorApi(Protocol):
     async def unregister_runtime(self, *, tenant: str, runtime_id: str) -> bool: ...
 
     async def request_one_time_token(
-        self, *, tenant: str, runtime_id: str, follow_up: bool = False
+        self,
+        *,
+        tenant: str,
+        runtime_id: str,
+        follow_up: bool = False,
+        caller_present: CallerPresent | None = None,
     ) -> OneTimeToken: ...
 
     async def set_runtime_label(
@@ -94,6 +99,7 @@ class DirectorClient:
         tenant: str,
         operation: str,
         follow_up: bool = False,
+        caller_present: CallerPresent | None = None,
     ) -> dict[str, Any]:
         async def attempt() -> dict[str, Any]:
             for second_try in (False, True):
@@ -117,7 +123,7 @@ class DirectorClient:
                 return self._parse(response, operation)
             raise AssertionError("unreachable")
 
-        return await self._guard.call(attempt, follow_up=follow_up)
+        return await self._guard.call(attempt, follow_up=follow_up, caller_present=caller_present)
 
     @staticmethod
     def _parse(response: httpx.Response, operation: str) -> dict[str, Any]:
@@ -190,13 +196,24 @@ class DirectorClient:
         return True
 
     async def request_one_time_token(
-        self, *, tenant: str, runtime_id: str, follow_up: bool = False
+        self,
+        *,
+        tenant: str,
+        runtime_id: str,
+        follow_up: bool = False,
+        caller_present: CallerPresent | None = None,
     ) -> OneTimeToken:
         """`follow_up`: the request already spent a Director call (it registered the runtime),
-        so its token goes before requests that have not started yet."""
+        so its token goes before requests that have not started yet. `caller_present`: asked
+        once a slot is free; a token nobody would receive is not requested (`CallerGone`)."""
         op = "requestOneTimeTokenForRuntime"
         data = await self._execute(
-            docs.REQUEST_OTT, {"id": runtime_id}, tenant=tenant, operation=op, follow_up=follow_up
+            docs.REQUEST_OTT,
+            {"id": runtime_id},
+            tenant=tenant,
+            operation=op,
+            follow_up=follow_up,
+            caller_present=caller_present,
         )
         return parse_field(data, op, OneTimeToken, op)
 

@@ -6,7 +6,10 @@ at most `max_concurrency` calls are in flight; a request is admitted only when i
 within the queue timeout by the calendar's estimate (`book`), otherwise it is told when to come
 back; the second call of a request that already holds Director's attention (the token after a
 registration) is served before first calls, so admitted requests finish in the time promised;
-a call that still waits longer than twice the queue timeout for a slot gets `CompassUnavailable`.
+a call that still waits longer than twice the queue timeout for a slot gets `CompassUnavailable`;
+a call whose caller has hung up by the time it gets a slot does not leave (`CallerGone`): after a
+restart thousands of agents time out while their requests queue, and each of those calls would
+spend Director's time (and a one-time token) on nobody while the agents that stayed wait.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from typing import TypeVar
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director.admission import Admitted, Calendar, advise
 from control_plane_broker.director.errors import DirectorRetryable
-from control_plane_broker.errors import CompassDown, CompassUnavailable, TurnBooked
+from control_plane_broker.errors import CallerGone, CompassDown, CompassUnavailable, TurnBooked
 
 T = TypeVar("T")
+# Asked once a call holds a slot, right before it leaves: False when nobody waits for the answer.
+CallerPresent = Callable[[], Awaitable[bool]]
 
 FIRST_CALL = 1
 FOLLOW_UP = 0  # served first: the request has already spent Director's time
@@ -122,7 +127,13 @@ class DirectorGuard:
     def release_booking(self, key: str) -> None:
         self.calendar.cancel(key)
 
-    async def call(self, fn: Callable[[], Awaitable[T]], *, follow_up: bool = False) -> T:
+    async def call(
+        self,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        follow_up: bool = False,
+        caller_present: CallerPresent | None = None,
+    ) -> T:
         breaker, admission = cb.admit(self._breaker, self._policy, self._clock())
         self._set(breaker)
         if not admission.allowed:
@@ -146,6 +157,8 @@ class DirectorGuard:
                             self._breaker, self._policy, self._clock()
                         ),
                     )
+                if caller_present is not None and not await caller_present():
+                    raise CallerGone("the caller hung up while the call waited for a slot")
                 started = self._clock()
                 result = await fn()
                 self.calendar.observe(self._clock() - started)
@@ -156,8 +169,8 @@ class DirectorGuard:
         except DirectorRetryable:
             verdict = False
             raise
-        except CompassUnavailable:
-            raise  # our own queue timeout or breaker: no verdict on Director
+        except (CompassUnavailable, CallerGone):
+            raise  # our own queue timeout, breaker or a caller gone: no verdict on Director
         except Exception:
             verdict = True  # a permanent answer: Director is up and talking
             raise

@@ -314,6 +314,40 @@ def test_per_runtime_rate_limit_gives_429_with_retry_after(
     assert broker.request_token(b.runtime_id, b.token()).status_code == 201
 
 
+def test_callers_that_hang_up_while_queued_for_director_cost_no_token(
+    brokers: BrokerFactory, rt_a: Runtime, sim: Any
+) -> None:
+    """After a restart thousands of agents give up while their requests wait for Director; a
+    token requested for one of them would be spent on nobody while the others wait longer."""
+    broker = brokers(BROKER_DIRECTOR_MAX_CONCURRENCY="1")
+    assert broker.request_token(rt_a.runtime_id, rt_a.token()).status_code == 201
+    sim.set_faults(Faults(latency=Latency(fixed_seconds=1.0, endpoints=frozenset({"director"}))))
+    before = attempts(sim, "requestOneTimeTokenForRuntime")
+    url = f"{broker.url}/v1/runtimes/{rt_a.runtime_id}/token"
+    auth = {"Authorization": f"Bearer {rt_a.token()}"}
+
+    async def fire() -> tuple[httpx.Response, list[BaseException | httpx.Response]]:
+        async with (
+            httpx.AsyncClient(timeout=30) as patient,
+            httpx.AsyncClient(timeout=0.5) as hasty,
+        ):
+            first = asyncio.create_task(patient.post(url, headers=auth))
+            await asyncio.sleep(0.2)  # it holds the only slot for a second
+            gave_up = await asyncio.gather(
+                *(hasty.post(url, headers=auth) for _ in range(3)), return_exceptions=True
+            )
+            return await first, gave_up
+
+    first, gave_up = asyncio.run(fire())
+    assert first.status_code == 201, first.text
+    assert all(isinstance(r, httpx.ReadTimeout) for r in gave_up), gave_up
+    wait_for(
+        lambda: 'broker_token_requests_total{outcome="caller-gone"} 3.0' in broker.metrics(),
+        what="the three abandoned requests to end without a token",
+    )
+    assert attempts(sim, "requestOneTimeTokenForRuntime") == before + 1
+
+
 # --- Compass outages ---
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from control_plane_broker.director.errors import (
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.models import RuntimeRegisterInput
 from control_plane_broker.director.oauth import OAuthTokenSource, refresh_at
-from control_plane_broker.errors import CompassUnavailable
+from control_plane_broker.errors import CallerGone, CompassUnavailable
 from control_plane_broker.settings import DirectorCredentials, load_director_credentials
 from control_plane_broker.singleflight import SingleFlight
 from tests.unit.broker.conditions import until
@@ -356,6 +357,53 @@ async def test_calls_queued_when_the_breaker_opens_do_not_reach_director() -> No
     assert guard.state is cb.State.OPEN
     assert refused.value.retry_after is not None
     assert 0 < refused.value.retry_after <= 30
+
+
+async def test_a_call_whose_caller_hung_up_in_the_queue_does_not_reach_director() -> None:
+    """A token nobody would receive is not requested: the check comes once the call holds its
+    slot (the caller may leave at any time before), the slot goes to the next call at once, and
+    Director's health is not judged by it."""
+    guard = DirectorGuard(
+        policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
+        max_concurrency=1,
+        queue_timeout=5,
+        clock=Clock(),
+    )
+    release = asyncio.Event()
+    reached: list[str] = []
+    present = {"gone": True, "stayed": True}
+    asked: list[str] = []
+
+    def caller(name: str) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            asked.append(name)
+            return present[name]
+
+        return check
+
+    async def work(name: str) -> str:
+        reached.append(name)
+        if name == "holder":
+            await release.wait()
+        return name
+
+    holder = asyncio.create_task(guard.call(lambda: work("holder")))
+    await until(lambda: reached == ["holder"], what="the holder's call")
+    gone = asyncio.create_task(guard.call(lambda: work("gone"), caller_present=caller("gone")))
+    stayed = asyncio.create_task(
+        guard.call(lambda: work("stayed"), caller_present=caller("stayed"))
+    )
+    await until(lambda: guard._slots.waiting == 2, what="both calls queued behind the holder")
+    present["gone"] = False  # hangs up while it waits
+    release.set()
+    assert await holder == "holder"
+    with pytest.raises(CallerGone):
+        await gone
+    assert await stayed == "stayed"
+    assert reached == ["holder", "stayed"]
+    assert asked == ["gone", "stayed"]
+    assert guard.state is cb.State.CLOSED
+    assert guard._slots.waiting == 0
 
 
 @pytest.mark.parametrize(

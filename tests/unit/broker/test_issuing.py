@@ -13,9 +13,10 @@ import pytest
 
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director.errors import DirectorRetryable
-from control_plane_broker.director.guard import DirectorGuard
+from control_plane_broker.director.guard import CallerPresent, DirectorGuard
 from control_plane_broker.director.models import OneTimeToken
 from control_plane_broker.errors import (
+    CallerGone,
     CompassUnavailable,
     IdentityNotProven,
     ModuleNotEnabled,
@@ -123,10 +124,17 @@ class Director:
         self._r = recorder
 
     async def request_one_time_token(
-        self, *, tenant: str, runtime_id: str, follow_up: bool = False
+        self,
+        *,
+        tenant: str,
+        runtime_id: str,
+        follow_up: bool = False,
+        caller_present: CallerPresent | None = None,
     ) -> OneTimeToken:
-        self._r.asked.append(f"token {runtime_id}")
         await asyncio.sleep(0)
+        if caller_present is not None and not await caller_present():
+            raise CallerGone("gone")  # what the guard does (test_director.py)
+        self._r.asked.append(f"token {runtime_id}")
         if self._r.token_error is not None:
             raise self._r.token_error
         self._r.tokens.append((tenant, runtime_id, follow_up))
@@ -298,6 +306,29 @@ async def test_only_issued_tokens_count_against_the_rate_limit() -> None:
     with pytest.raises(RateLimited) as info:
         await w.issuer.issue("rt-1", HEADERS)
     assert info.value.retry_after == pytest.approx(60)
+
+
+async def test_a_caller_gone_before_its_token_gets_a_registration_but_no_token() -> None:
+    """The registration is kept (the agent's next request needs only the token); no token is
+    spent, nothing is recorded as a failure on the Kyma, and the rate limit is not charged."""
+    w = world(burst=1)
+
+    async def gone() -> bool:
+        return False
+
+    with pytest.raises(CallerGone):
+        await w.issuer.issue("rt-1", HEADERS, caller_present=gone)
+    assert "register rt-1" in w.recorder.asked
+    assert w.recorder.tokens == []
+    assert w.recorder.statuses == []
+    w.recorder.known = REGISTERED
+    w.clock.now += 10  # past the booked window
+
+    async def here() -> bool:
+        return True
+
+    issued = await w.issuer.issue("rt-1", HEADERS, caller_present=here)
+    assert issued.token == "ott-1"
 
 
 async def test_a_revoked_runtime_is_refused_once_proven_and_told_on_its_kyma() -> None:
