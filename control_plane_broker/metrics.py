@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # the registration package imports this module: no import back at run time
     from control_plane_broker.connection import Fleet
+    from control_plane_broker.director.guard import GuardSnapshot
 
 
 class Metrics:
@@ -82,10 +83,16 @@ class Metrics:
         )
         self._fleet = FleetCollector()
         r.register(self._fleet)
+        self._director = DirectorCollector()
+        r.register(self._director)
 
     def watch_fleet(self, compute: Callable[[], Fleet]) -> None:
         """The fleet gauges come from `compute` (over the watch-fed view), called at scrape time."""
         self._fleet.compute = compute
+
+    def watch_director(self, compute: Callable[[], GuardSnapshot]) -> None:
+        """The Director admission gauges come from `compute`, called at scrape time."""
+        self._director.compute = compute
 
     def on_kube_request(self, verb: str, _status: int | None) -> None:
         self.kube_requests.labels(verb).inc()
@@ -132,3 +139,44 @@ class FleetCollector(Collector):
         yield by_state
         yield oldest
         yield attention
+
+
+class DirectorCollector(Collector):
+    """Director admission gauges, read from the guard when scraped: whether calls wait for the
+    broker's slots (the broker is the limit) or the calendar is booked far ahead (Director is)."""
+
+    def __init__(self) -> None:
+        self.compute: Callable[[], GuardSnapshot] | None = None
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return list(self._families(None))
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        return list(self._families(self.compute() if self.compute is not None else None))
+
+    def _families(self, snap: GuardSnapshot | None) -> Iterator[GaugeMetricFamily]:
+        families = {
+            "in_flight": GaugeMetricFamily(
+                "broker_director_calls_in_flight", "Director calls holding one of the slots."
+            ),
+            "waiting": GaugeMetricFamily(
+                "broker_director_calls_waiting",
+                "Admitted Director calls waiting for a slot (BROKER_DIRECTOR_MAX_CONCURRENCY).",
+            ),
+            "call_seconds": GaugeMetricFamily(
+                "broker_director_call_seconds_estimate",
+                "The calendar's moving estimate of one Director call, slot held to released.",
+            ),
+            "booked_ahead_seconds": GaugeMetricFamily(
+                "broker_director_booked_ahead_seconds",
+                "How far ahead Director's capacity is booked (the wait a new runtime is told).",
+            ),
+            "tickets": GaugeMetricFamily(
+                "broker_director_tickets",
+                "Deferred requests holding a booked turn (503 capacity-booked, not back yet).",
+            ),
+        }
+        for name, family in families.items():
+            if snap is not None:
+                family.add_metric([], float(getattr(snap, name)))
+            yield family

@@ -18,6 +18,7 @@ import asyncio
 import heapq
 import itertools
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from control_plane_broker import circuit_breaker as cb
@@ -39,6 +40,7 @@ class PrioritySlots:
     A released slot is handed straight to the next waiter, so `free > 0` implies nobody waits."""
 
     def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
         self._free = capacity
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
@@ -61,6 +63,10 @@ class PrioritySlots:
                 self.waiting -= 1
             raise
 
+    @property
+    def taken(self) -> int:
+        return self.capacity - self._free
+
     def release(self) -> None:
         while self._waiters:
             _, _, future = heapq.heappop(self._waiters)
@@ -69,6 +75,17 @@ class PrioritySlots:
                 future.set_result(None)  # the slot moves to the waiter as it is
                 return
         self._free += 1
+
+
+@dataclass(frozen=True)
+class GuardSnapshot:
+    """What an operator watches to see whether Director or the broker is the limit."""
+
+    in_flight: int  # calls holding a slot
+    waiting: int  # calls admitted and waiting for a slot
+    call_seconds: float  # the calendar's estimate of one call (slot held)
+    booked_ahead_seconds: float  # how far ahead Director's capacity is booked
+    tickets: int  # deferred requests holding a booked turn
 
 
 class DirectorGuard:
@@ -92,6 +109,16 @@ class DirectorGuard:
     @property
     def state(self) -> cb.State:
         return self._breaker.state
+
+    def snapshot(self) -> GuardSnapshot:
+        calendar = self.calendar
+        return GuardSnapshot(
+            in_flight=self._slots.taken,
+            waiting=self._slots.waiting,
+            call_seconds=calendar.latency,
+            booked_ahead_seconds=max(0.0, calendar.booked_until - self._clock()),
+            tickets=calendar.tickets(),
+        )
 
     def _set(self, breaker: cb.Breaker) -> None:
         if breaker.state is not self._breaker.state and self._on_state is not None:

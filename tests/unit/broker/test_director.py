@@ -4,7 +4,9 @@ classification, breaker and concurrency guard, paging; GraphQL documents against
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from graphql import build_schema, parse, validate
+from prometheus_client import generate_latest
 
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director import documents
@@ -24,7 +27,8 @@ from control_plane_broker.director.errors import (
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.models import RuntimeRegisterInput
 from control_plane_broker.director.oauth import OAuthTokenSource, refresh_at
-from control_plane_broker.errors import CallerGone, CompassUnavailable
+from control_plane_broker.errors import CallerGone, CompassUnavailable, TurnBooked
+from control_plane_broker.metrics import Metrics
 from control_plane_broker.settings import DirectorCredentials, load_director_credentials
 from control_plane_broker.singleflight import SingleFlight
 from tests.unit.broker.conditions import until
@@ -404,6 +408,47 @@ async def test_a_call_whose_caller_hung_up_in_the_queue_does_not_reach_director(
     assert asked == ["gone", "stayed"]
     assert guard.state is cb.State.CLOSED
     assert guard._slots.waiting == 0
+
+
+async def test_the_admission_gauges_show_calls_in_flight_waiting_and_booked_ahead() -> None:
+    clock = Clock()
+    guard = DirectorGuard(
+        policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=30),
+        max_concurrency=1,
+        queue_timeout=1,
+        clock=clock,
+    )
+    metrics = Metrics()
+    metrics.watch_director(guard.snapshot)
+    release = asyncio.Event()
+
+    async def held() -> None:
+        await release.wait()
+
+    calls = [asyncio.create_task(guard.call(held)) for _ in range(3)]
+    await until(lambda: guard._slots.waiting == 2, what="two calls behind the first")
+    for i in range(10):  # 10 · 0.1 s booked at one slot: the last ones are deferred
+        with contextlib.suppress(TurnBooked):
+            guard.book(f"rt-{i}", calls=1)
+    text = generate_latest(metrics.registry).decode()
+    gauges = {
+        name: float(value)
+        for name, value in re.findall(r"^(broker_director_\w+) (\S+)$", text, re.MULTILINE)
+        if "labels_synced" not in name
+    }
+    # Two calls queued: turns start 0.2 s ahead; 0.1 s each; admitted up to 1 s ahead, so
+    # the ninth and tenth are deferred (tickets) and the calendar is booked 1.2 s ahead.
+    assert gauges == {
+        "broker_director_calls_in_flight": 1.0,
+        "broker_director_calls_waiting": 2.0,
+        "broker_director_call_seconds_estimate": 0.1,
+        "broker_director_booked_ahead_seconds": pytest.approx(1.2),
+        "broker_director_tickets": 2.0,
+    }
+    assert guard.snapshot().tickets == guard.calendar.tickets() > 0
+    release.set()
+    await asyncio.gather(*calls)
+    assert (guard.snapshot().in_flight, guard.snapshot().waiting) == (0, 0)
 
 
 @pytest.mark.parametrize(
