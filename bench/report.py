@@ -811,7 +811,10 @@ def _steady_section(report: BenchReport) -> list[str]:
         "(one caller at a time) = each request's latency minus the time the simulator spent on "
         "the Director calls answered inside it. Broker CPU from /proc/<pid>/stat before and "
         "after each phase, divided by the answers of the expected kind. The callers run in the "
-        "benchmark's process (its CPU is shown), each with one connection of its own.",
+        "benchmark's process (its CPU is shown), each with one connection of its own. Order: "
+        "three rounds over all runtimes with the concurrent callers (each runtime's first "
+        "`TokenIssued` Event is written then), one round over all with one caller, then the "
+        "Director-down phases.",
         "",
     ]
     rows = []

@@ -9,7 +9,7 @@
     │   ├── ControlPlaneUnavailable 503  the KCP API server could not be reached
     │   ├── RuntimeKubeconfigInvalid 503 the runtime's kubeconfig Secret in KCP breaks our rules
     │   ├── InternalError           503  a bug in the broker (logged); never a bare 500
-    │   ├── CallerGone              503  the caller hung up before its token was requested
+    │   ├── CallerGone              503  the caller hung up before it was served or got a token
     │   └── RateLimited             429  too many token issues or connection reports for one runtime
     └── PermanentError              (the same request will fail the same way)
         ├── MalformedRequest        400  runtime ID or headers fail validation
@@ -108,13 +108,14 @@ class InternalError(TemporaryError):
 
 
 class CallerGone(TemporaryError):
-    """The caller closed its connection while its request waited for Director: its token would
-    be spent on nobody (one-time tokens are not handed to the next caller). Nobody reads the
-    answer; it exists for the access log and the metric."""
+    """The caller closed its connection before its request was served, or while it waited for
+    Director: proving its identity or requesting its token would be work for nobody (one-time
+    tokens are not handed to the next caller). Nobody reads the answer; it exists for the
+    access log and the metric."""
 
     slug = "caller-gone"
     status = 503
-    title = "The caller closed the connection before its token was requested"
+    title = "The caller closed the connection before it was answered"
 
 
 class RateLimited(TemporaryError):

@@ -1,8 +1,8 @@
 """The token request use case, cheapest refusals first:
 
-validate the runtime ID → the Kyma cache is synced → prove the identity → not revoked → policy on
-the cached Kyma → per-runtime rate limit → circuit breaker → a booked turn at Director's capacity →
-register (only a runtime not registered yet) → request the token.
+validate the runtime ID → the Kyma cache is synced → the caller still waits → prove the identity →
+not revoked → policy on the cached Kyma → per-runtime rate limit → circuit breaker → a booked turn
+at Director's capacity → register (only a runtime not registered yet) → request the token.
 
 Holds: nothing reaches Director unless the runtime ID is valid, the caller proved to be this
 runtime, the Kyma allows it and Director's capacity has room for the request within the queue
@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from control_plane_broker.director.client import DirectorApi
 from control_plane_broker.director.guard import CallerPresent, DirectorGuard
 from control_plane_broker.errors import (
+    CallerGone,
     CompassRejected,
     CompassUnavailable,
     NotReady,
@@ -94,12 +95,16 @@ class TokenIssuer:
         *,
         caller_present: CallerPresent | None = None,
     ) -> IssuedToken:
-        """`caller_present` tells whether the caller still waits (the HTTP connection is open):
-        a registration goes on without it (the next request needs only the token), a token
-        is requested only for a caller that is still there."""
+        """`caller_present` tells whether the caller still waits (the HTTP connection is open).
+        A request whose caller is gone before it is served costs nothing more (in a burst the
+        loop reaches some only after their agents' timeout; proving their identity would fetch
+        keys for nobody); a registration already begun goes on without the caller (the next
+        request needs only the token); a token is requested only for a caller still there."""
         kyma_name = validate_runtime_id(runtime_id)
         if not self._cache.synced:
             raise NotReady("the Kyma cache has not synced yet", retry_after=2)
+        if caller_present is not None and not await caller_present():
+            raise CallerGone("the caller hung up before its request was served")
         # Identity before existence: who cannot prove to be this runtime learns nothing about it.
         identity = await self._verifier.verify(runtime_id=runtime_id, headers=headers)
         self._gate.check(kyma_name, identity, endpoint="token")

@@ -312,12 +312,13 @@ async def test_a_caller_gone_before_its_token_gets_a_registration_but_no_token()
     """The registration is kept (the agent's next request needs only the token); no token is
     spent, nothing is recorded as a failure on the Kyma, and the rate limit is not charged."""
     w = world(burst=1)
+    answers = iter([True, False])  # there when its request is served, gone by its token
 
-    async def gone() -> bool:
-        return False
+    async def leaves() -> bool:
+        return next(answers)
 
     with pytest.raises(CallerGone):
-        await w.issuer.issue("rt-1", HEADERS, caller_present=gone)
+        await w.issuer.issue("rt-1", HEADERS, caller_present=leaves)
     assert "register rt-1" in w.recorder.asked
     assert w.recorder.tokens == []
     assert w.recorder.statuses == []
@@ -329,6 +330,18 @@ async def test_a_caller_gone_before_its_token_gets_a_registration_but_no_token()
 
     issued = await w.issuer.issue("rt-1", HEADERS, caller_present=here)
     assert issued.token == "ott-1"
+
+
+async def test_a_caller_gone_before_its_request_is_served_costs_no_proof_and_no_booking() -> None:
+    w = world()
+
+    async def gone() -> bool:
+        return False
+
+    with pytest.raises(CallerGone):
+        await w.issuer.issue("rt-1", HEADERS, caller_present=gone)
+    assert w.recorder.asked == []  # not verified, no Kyma looked up
+    assert w.guard.calendar.booked_until == 0.0
 
 
 async def test_a_revoked_runtime_is_refused_once_proven_and_told_on_its_kyma() -> None:
