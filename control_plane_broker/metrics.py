@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # the registration package imports this module: no import back at run time
     from control_plane_broker.connection import Fleet
-    from control_plane_broker.director.guard import GuardSnapshot
+    from control_plane_broker.director.admission import GuardSnapshot
 
 
 class Metrics:

@@ -45,6 +45,17 @@ def advise(wait: float, *, max_wait: float) -> float:
 
 
 @dataclass(frozen=True)
+class GuardSnapshot:
+    """What an operator watches to see whether Director or the broker is the limit."""
+
+    in_flight: int  # calls holding a slot
+    waiting: int  # calls admitted and waiting for a slot
+    call_seconds: float  # the calendar's estimate of one call (slot held)
+    booked_ahead_seconds: float  # how far ahead Director's capacity is booked
+    tickets: int  # deferred requests holding a booked turn
+
+
+@dataclass(frozen=True)
 class Admitted:
     pass
 

@@ -18,11 +18,10 @@ import asyncio
 import heapq
 import itertools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 from control_plane_broker import circuit_breaker as cb
-from control_plane_broker.director.admission import Admitted, Calendar, advise
+from control_plane_broker.director.admission import Admitted, Calendar, GuardSnapshot, advise
 from control_plane_broker.director.errors import DirectorRetryable
 from control_plane_broker.errors import CallerGone, CompassDown, CompassUnavailable, TurnBooked
 
@@ -75,17 +74,6 @@ class PrioritySlots:
                 future.set_result(None)  # the slot moves to the waiter as it is
                 return
         self._free += 1
-
-
-@dataclass(frozen=True)
-class GuardSnapshot:
-    """What an operator watches to see whether Director or the broker is the limit."""
-
-    in_flight: int  # calls holding a slot
-    waiting: int  # calls admitted and waiting for a slot
-    call_seconds: float  # the calendar's estimate of one call (slot held)
-    booked_ahead_seconds: float  # how far ahead Director's capacity is booked
-    tickets: int  # deferred requests holding a booked turn
 
 
 class DirectorGuard:
