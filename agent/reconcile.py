@@ -3,9 +3,10 @@
 Always holds: watch events only `trigger()` the loop; every turn re-reads the world from the
 API server; at most one token request runs at a time and a pull keeps its own backoff across
 turns (a turn that still plans the same action leaves it running, a turn that plans anything
-else cancels it); the loop sleeps until a trigger, the plan's WAIT deadline, the next
-connection report or the resync period — never a hot loop; metrics and Events are recorded here
-only; tokens are never logged.
+else cancels it while it is still asking — a token once received is always written, since it was
+spent the moment the broker answered); the loop sleeps until a trigger, the plan's WAIT deadline,
+the next connection report or the resync period — never a hot loop; metrics and Events are
+recorded here only; tokens are never logged.
 
 Connection reports ride on the same loop: each turn builds the report from what it just read
 (`agent.report`) and, when reports are allowed by the plan and one is due, starts it as a task
@@ -90,6 +91,7 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._pull: asyncio.Task[None] | None = None
         self._pull_action = Action.PULL  # what the task in `_pull` does: PULL or RECHECK
+        self._storing_token = False  # the task in `_pull` holds an issued token and writes it
         self._report: asyncio.Task[None] | None = None
         self._schedule = reports.Schedule()
         self._revocation: Revocation | None = None
@@ -283,7 +285,7 @@ class Reconciler:
         """Does what the plan says; returns how long to sleep as far as the plan is concerned."""
         observed = gathered.observed
         asking = self._pull is not None and not self._pull.done()
-        if asking and plan.action is not self._pull_action:
+        if asking and plan.action is not self._pull_action and not self._storing_token:
             log.info(
                 "token request no longer needed, cancelling", extra={"reason": str(plan.reason)}
             )
@@ -403,11 +405,15 @@ class Reconciler:
             else:
                 log.info("pulling a token", extra={"runtime_id": runtime_id})
                 outcome = await self._broker.pull(runtime_id, on_attempt=self._count)
+            # From here on the token is spent: a turn that plans otherwise (the spacing that
+            # counts it already, the module disabled) must not cancel its write half-way.
+            self._storing_token = isinstance(outcome, Issued)
             await self._settle(outcome, runtime_id, print_, kyma)
         except KubeError as e:
             # The token is lost with this failure; the next turn plans a new pull (spacing applies).
             log.error("could not write the token secret", extra={"error": str(e)})
         finally:
+            self._storing_token = False
             self._wake.set()
 
     def _recheck_after(self) -> timedelta:

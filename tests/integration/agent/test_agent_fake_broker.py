@@ -318,3 +318,51 @@ async def test_a_token_that_cannot_be_stored_does_not_start_a_pull_loop(
     finally:
         await agent_env.stop_all()
         await broker.stop()
+
+
+class HeldSecretWrites(httpx.AsyncBaseTransport):
+    """The agent's API server connection, except that writing a secret waits for `release`."""
+
+    def __init__(self, agent_env: AgentEnv) -> None:
+        access = access_from_kubeconfig_file(agent_env.cluster.kubeconfig_path)
+        self.inner = httpx.AsyncHTTPTransport(verify=access.ssl_context())
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method in ("POST", "PUT") and "/secrets" in request.url.path:
+            self.holding.set()
+            await self.release.wait()
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_turn_during_the_secret_write_does_not_throw_the_token_away(
+    agent_env: AgentEnv,
+) -> None:
+    # Seen in CI: the token arrived, and while its secret was being written a turn (woken by a
+    # connection report) planned "wait out the pull spacing" — the token counts as received
+    # before it is written — and cancelled the task that was writing it; a second token followed.
+    broker = FakeBroker(token_reply)
+    await broker.start()
+    held = HeldSecretWrites(agent_env)
+    try:
+        agent = await agent_env.start(
+            agent_env.settings(broker.url), Overrides(kube_transport=held)
+        )
+        agent_env.put_kyma(modules=["application-connector"])
+        await asyncio.wait_for(held.holding.wait(), timeout=10)
+        turns = agent.reconciler.turns
+        agent.reconciler.trigger()
+        await eventually(lambda: agent.reconciler.turns > turns, what="a turn during the write")
+        held.release.set()
+        data = await eventually(agent_env.secret_data, within=10, what="the token secret")
+        assert data["TOKEN"] == "ott-1"
+        await _quiet(1.0)
+        assert len(broker.requests) == 1, broker.paths
+    finally:
+        held.release.set()
+        await agent_env.stop_all()
+        await broker.stop()
