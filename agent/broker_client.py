@@ -14,7 +14,8 @@ Every answer becomes one typed outcome (`agent.outcomes`), translated here and n
 them for a refusal would make the agent wait the slow refusal cadence for nothing.)
 
 `pull()` retries Temporary outcomes forever (tenacity, with `agent.retry.next_delay`: capped
-exponential backoff, full jitter, `Retry-After` honoured) and returns the first Issued or
+exponential backoff over the failures in a row without `Retry-After`, full jitter, `Retry-After`
+honoured) and returns the first Issued or
 Refused. A report is one request (`report()`); its caller backs off. A 403 whose problem type
 ends in `runtime-revoked` is a `Refused` with `.revoked`. Always holds: the token never appears
 in a log line, an exception or a repr.
@@ -160,11 +161,18 @@ def _not_done(response: httpx.Response, *, now: datetime) -> Refused | Temporary
 
 
 class _BackoffWait(wait_base):
-    """tenacity wait that asks THE retry policy, with the server's Retry-After."""
+    """tenacity wait that asks THE retry policy, with the server's Retry-After.
+
+    One per pull. The exponential step counts only the attempts in a row that ended without a
+    Retry-After: an answer that said when to come back was the server spacing its callers, not
+    a failure to reach it. Counting it would send an agent whose first timeout follows a long
+    run of 503s (every one obeyed) to the cap at once: after an outage, a few agents of a fleet
+    then waited minutes for a broker that had long been free."""
 
     def __init__(self, policy: RetryPolicy, rng: RandomSource | None) -> None:
         self._policy = policy
         self._rng = rng
+        self._unguided = 0  # attempts in a row that ended without a Retry-After
 
     def __call__(self, retry_state: RetryCallState) -> float:
         retry_after = None
@@ -172,9 +180,13 @@ class _BackoffWait(wait_base):
             result = retry_state.outcome.result()
             if isinstance(result, Temporary):
                 retry_after = result.retry_after
-        return next_delay(
-            self._policy, retry_state.attempt_number, retry_after=retry_after, rng=self._rng
-        )
+        if retry_after is not None:
+            self._unguided = 0
+            attempt = retry_state.attempt_number  # sizes only the jitter window around it
+        else:
+            self._unguided += 1
+            attempt = self._unguided
+        return next_delay(self._policy, attempt, retry_after=retry_after, rng=self._rng)
 
 
 class BrokerClient:

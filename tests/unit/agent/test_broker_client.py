@@ -138,9 +138,36 @@ async def test_pull_retries_temporary_with_growing_backoff_and_retry_after() -> 
     result = await client.pull("rt", on_attempt=outcomes.append)
     await client.aclose()
     assert isinstance(result, Issued)
-    # base 1, factor 2, cap 8; Retry-After 30 beats the 4 s step; then capped at 8.
-    assert sleeps == [1.0, 2.0, 30.0, 8.0, 8.0, 8.0]
+    # base 1, factor 2, cap 8; Retry-After 30 beats the 4 s step; the failures after it
+    # start again at the base (the server's answer was not one of them), then grow.
+    assert sleeps == [1.0, 2.0, 30.0, 1.0, 2.0, 4.0]
     assert [type(o).__name__ for o in outcomes] == ["Temporary"] * 6 + ["Issued"]
+
+
+async def test_a_timeout_after_a_long_run_of_503s_backs_off_from_the_base() -> None:
+    # After an outage an agent has obeyed many Retry-After answers; its first timeout must not
+    # send it to the cap (8 s here, 300 s by default) while the broker has room again.
+    answers = iter(
+        [problem(503, "busy", {"Retry-After": "5"}) for _ in range(10)]
+        + [
+            httpx.ReadTimeout("slow"),
+            httpx.ReadTimeout("slow"),
+            httpx.Response(201, json=TOKEN_BODY),
+        ]
+    )
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    sleeps: list[float] = []
+    client = make_client(httpx.MockTransport(handle), sleeps)
+    result = await client.pull("rt")
+    await client.aclose()
+    assert isinstance(result, Issued)
+    assert sleeps == [5.0] * 10 + [1.0, 2.0]
 
 
 async def test_pull_stops_at_a_refusal() -> None:
