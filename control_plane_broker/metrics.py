@@ -33,6 +33,13 @@ class Metrics:
             "1 while the Director breaker is open or half-open.",
             registry=r,
         )
+        # When the outage was noticed, to the moment: a scrape of the gauge above says only
+        # that it happened since the scrape before.
+        self.breaker_opened_at = Gauge(
+            "broker_circuit_breaker_opened_timestamp_seconds",
+            "Unix time the Director breaker last opened (0: never).",
+            registry=r,
+        )
         self.registrations = Counter(
             "broker_registrations_total",
             "Registration outcomes (registered, found, adopted).",
@@ -99,6 +106,8 @@ class Metrics:
 
     def on_breaker_state(self, state: str) -> None:
         self.breaker_state.set(0 if state == "closed" else 1)
+        if state == "open":
+            self.breaker_opened_at.set_to_current_time()
 
 
 class FleetCollector(Collector):

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,22 @@ async def test_breaker_opens_and_makes_no_call_until_probe() -> None:
     assert await client.unregister_runtime(tenant="t", runtime_id="r") is True
     assert guard.state is cb.State.CLOSED
     await http.aclose()
+
+
+def test_breaker_metrics_tell_the_moment_it_opened() -> None:
+    metrics = Metrics()
+    sample = metrics.registry.get_sample_value
+    assert sample("broker_circuit_breaker_opened_timestamp_seconds") == 0
+    before = time.time()
+    metrics.on_breaker_state("open")
+    opened = sample("broker_circuit_breaker_opened_timestamp_seconds")
+    assert opened is not None
+    assert before <= opened <= time.time()
+    assert sample("broker_circuit_breaker_open") == 1
+    metrics.on_breaker_state("half-open")
+    metrics.on_breaker_state("closed")
+    assert sample("broker_circuit_breaker_open") == 0
+    assert sample("broker_circuit_breaker_opened_timestamp_seconds") == opened
 
 
 async def test_permanent_errors_do_not_open_the_breaker() -> None:
