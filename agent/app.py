@@ -208,6 +208,10 @@ class Agent:
         if unsynced:
             return False, f"watches not synced: {', '.join(unsynced)}"
         if self.lease is not None and not self.leading.is_set():
+            if not self.lease.decided:
+                # Not a standby yet: ready now would flip to "no reconcile turn yet" the
+                # moment the lease turns out to be ours.
+                return False, "lease not tried yet"
             # A standby is as ready as it should be: it takes over when the leader goes.
             return self.reconciler.alive, "standby: another agent holds the lease"
         return self.reconciler.readiness()

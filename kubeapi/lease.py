@@ -11,6 +11,8 @@ Always holds:
   (the others start counting after they saw the write, so later), unless a renewal succeeds
   first; an attempt made while leading is cut off when that time runs out; seeing another
   holder ends our leadership at once. `leading` is true only inside that window.
+- `decided` turns true with the first attempt the API server answered: before it, not leading
+  says nothing about another holder;
 - `on_change(leading)` is called from `run()` on every flip; `release()` (on a clean stop)
   hands the Lease back with the holder cleared so a successor takes over at once.
 """
@@ -136,6 +138,7 @@ class LeaderElector:
         self._observed_at = 0.0
         self._leading_until: float | None = None
         self._reported = False
+        self.decided = False
 
     @property
     def leading(self) -> bool:
@@ -219,6 +222,7 @@ class LeaderElector:
         while True:
             try:
                 await self._attempt()
+                self.decided = True
             except KubeError as exc:
                 log.warning("lease not renewed", extra={"lease": self._name, "error": str(exc)})
             self._report()

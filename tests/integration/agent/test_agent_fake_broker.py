@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from itertools import pairwise
 
@@ -320,17 +321,19 @@ async def test_a_token_that_cannot_be_stored_does_not_start_a_pull_loop(
         await broker.stop()
 
 
-class HeldSecretWrites(httpx.AsyncBaseTransport):
-    """The agent's API server connection, except that writing a secret waits for `release`."""
+class Held(httpx.AsyncBaseTransport):
+    """The agent's API server connection, except that the requests `held` picks wait for
+    `release`."""
 
-    def __init__(self, agent_env: AgentEnv) -> None:
+    def __init__(self, agent_env: AgentEnv, held: Callable[[httpx.Request], bool]) -> None:
         access = access_from_kubeconfig_file(agent_env.cluster.kubeconfig_path)
         self.inner = httpx.AsyncHTTPTransport(verify=access.ssl_context())
+        self.held = held
         self.holding = asyncio.Event()
         self.release = asyncio.Event()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.method in ("POST", "PUT") and "/secrets" in request.url.path:
+        if self.held(request):
             self.holding.set()
             await self.release.wait()
         return await self.inner.handle_async_request(request)
@@ -347,7 +350,7 @@ async def test_a_turn_during_the_secret_write_does_not_throw_the_token_away(
     # before it is written — and cancelled the task that was writing it; a second token followed.
     broker = FakeBroker(token_reply)
     await broker.start()
-    held = HeldSecretWrites(agent_env)
+    held = Held(agent_env, lambda r: r.method in ("POST", "PUT") and "/secrets" in r.url.path)
     try:
         agent = await agent_env.start(
             agent_env.settings(broker.url), Overrides(kube_transport=held)
@@ -366,3 +369,23 @@ async def test_a_turn_during_the_secret_write_does_not_throw_the_token_away(
         held.release.set()
         await agent_env.stop_all()
         await broker.stop()
+
+
+async def test_not_ready_until_the_lease_is_decided(agent_env: AgentEnv) -> None:
+    # Seen in CI: ready as a "standby" before the first lease attempt, then not ready ("no
+    # reconcile turn yet") the moment the lease turned out to be ours.
+    held = Held(agent_env, lambda r: "/leases" in r.url.path)
+    try:
+        agent = await agent_env.start(
+            agent_env.settings("http://127.0.0.1:9"), Overrides(kube_transport=held)
+        )
+        await asyncio.wait_for(held.holding.wait(), timeout=10)
+        await eventually(lambda: all(w.synced for w in agent.watchers), what="the watches to sync")
+        assert agent.ready() == (False, "lease not tried yet")
+        held.release.set()
+        await eventually(lambda: agent.ready()[0], what="ready once leading and turned")
+        assert agent.leading.is_set()
+        assert agent.reconciler.last_plan is not None
+    finally:
+        held.release.set()
+        await agent_env.stop_all()

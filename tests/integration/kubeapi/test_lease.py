@@ -122,10 +122,12 @@ async def test_release_hands_over_at_once_and_run_reports_changes(
         renew_every=0.2,
         on_change=changes.append,
     )
+    assert not a.decided
     task = asyncio.create_task(a.run())
     try:
         await eventually(lambda: changes == [True], what="a to lead")
         assert a.leading
+        assert a.decided
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
