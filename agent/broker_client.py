@@ -15,10 +15,9 @@ them for a refusal would make the agent wait the slow refusal cadence for nothin
 
 `pull()` retries Temporary outcomes forever (tenacity, with `agent.retry.next_delay`: capped
 exponential backoff over the failures in a row without `Retry-After`, full jitter, `Retry-After`
-honoured) and returns the first Issued or
-Refused. A report is one request (`report()`); its caller backs off. A 403 whose problem type
-ends in `runtime-revoked` is a `Refused` with `.revoked`. Always holds: the token never appears
-in a log line, an exception or a repr.
+honoured) and returns the first Issued or Refused. A report is one request (`report()`); its
+caller backs off. A 403 whose problem type ends in `runtime-revoked` is a `Refused` with
+`.revoked`. Always holds: the token never appears in a log line, an exception or a repr.
 """
 
 from __future__ import annotations
