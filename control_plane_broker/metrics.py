@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # the registration package imports this module: no import back at run time
@@ -157,13 +157,13 @@ class DirectorCollector(Collector):
     def __init__(self) -> None:
         self.compute: Callable[[], GuardSnapshot] | None = None
 
-    def describe(self) -> Iterable[GaugeMetricFamily]:
+    def describe(self) -> Iterable[Metric]:
         return list(self._families(None))
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[Metric]:
         return list(self._families(self.compute() if self.compute is not None else None))
 
-    def _families(self, snap: GuardSnapshot | None) -> Iterator[GaugeMetricFamily]:
+    def _families(self, snap: GuardSnapshot | None) -> Iterator[Metric]:
         families = {
             "in_flight": GaugeMetricFamily(
                 "broker_director_calls_in_flight", "Director calls holding one of the slots."
@@ -189,3 +189,11 @@ class DirectorCollector(Collector):
             if snap is not None:
                 family.add_metric([], float(getattr(snap, name)))
             yield family
+        timeouts = CounterMetricFamily(
+            "broker_director_slot_timeouts",
+            "Admitted Director calls refused (503 compass-unavailable) after waiting twice "
+            "BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS for a slot: the calendar's estimate was short.",
+        )
+        if snap is not None:
+            timeouts.add_metric([], float(snap.slot_timeouts))
+        yield timeouts

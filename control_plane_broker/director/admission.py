@@ -53,6 +53,7 @@ class GuardSnapshot:
     call_seconds: float  # the calendar's estimate of one call (slot held)
     booked_ahead_seconds: float  # how far ahead Director's capacity is booked
     tickets: int  # deferred requests holding a booked turn
+    slot_timeouts: int  # calls refused after waiting twice the queue timeout for a slot
 
 
 @dataclass(frozen=True)

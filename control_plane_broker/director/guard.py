@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -24,6 +25,8 @@ from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director.admission import Admitted, Calendar, GuardSnapshot, advise
 from control_plane_broker.director.errors import DirectorRetryable
 from control_plane_broker.errors import CallerGone, CompassDown, CompassUnavailable, TurnBooked
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # Asked once a call holds a slot, right before it leaves: False when nobody waits for the answer.
@@ -93,6 +96,9 @@ class DirectorGuard:
         self._clock = clock
         self._on_state = on_state
         self.calendar = Calendar(capacity=max_concurrency, max_wait=queue_timeout)
+        # Admitted calls that still found no slot in time: the calendar's estimate was short
+        # (the answer is a 503 compass-unavailable, as for an open breaker, so count it apart).
+        self._slot_timeouts = 0
 
     @property
     def state(self) -> cb.State:
@@ -106,6 +112,7 @@ class DirectorGuard:
             call_seconds=calendar.latency,
             booked_ahead_seconds=max(0.0, calendar.booked_until - self._clock()),
             tickets=calendar.tickets(),
+            slot_timeouts=self._slot_timeouts,
         )
 
     def _set(self, breaker: cb.Breaker) -> None:
@@ -161,6 +168,15 @@ class DirectorGuard:
                     FOLLOW_UP if follow_up else FIRST_CALL, 2 * self._queue_timeout
                 )
             except TimeoutError:
+                self._slot_timeouts += 1
+                log.info(
+                    "Director call found no slot in time",
+                    extra={
+                        "waited_seconds": 2 * self._queue_timeout,
+                        "follow_up": follow_up,
+                        "estimate_seconds": round(self.calendar.latency, 3),
+                    },
+                )
                 raise CompassUnavailable(
                     "too many Director calls in flight", retry_after=1.0
                 ) from None

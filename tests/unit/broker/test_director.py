@@ -461,11 +461,39 @@ async def test_the_admission_gauges_show_calls_in_flight_waiting_and_booked_ahea
         "broker_director_call_seconds_estimate": 0.1,
         "broker_director_booked_ahead_seconds": pytest.approx(1.2),
         "broker_director_tickets": 2.0,
+        "broker_director_slot_timeouts_total": 0.0,
     }
     assert guard.snapshot().tickets == guard.calendar.tickets() > 0
     release.set()
     await asyncio.gather(*calls)
     assert (guard.snapshot().in_flight, guard.snapshot().waiting) == (0, 0)
+
+
+async def test_a_call_that_finds_no_slot_in_time_is_refused_and_counted() -> None:
+    guard = DirectorGuard(
+        policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=30),
+        max_concurrency=1,
+        queue_timeout=0.05,
+        clock=Clock(),
+    )
+    metrics = Metrics()
+    metrics.watch_director(guard.snapshot)
+    release = asyncio.Event()
+
+    async def held() -> str:
+        await release.wait()
+        return "held"
+
+    holder = asyncio.create_task(guard.call(held))
+    await until(lambda: guard.snapshot().in_flight == 1, what="the slot taken")
+    with pytest.raises(CompassUnavailable) as info:
+        await guard.call(held)  # waits 2 x 0.05 s for the only slot
+    assert not isinstance(info.value, DirectorRetryable)
+    assert guard.snapshot().slot_timeouts == 1
+    assert metrics.registry.get_sample_value("broker_director_slot_timeouts_total") == 1
+    assert guard.state is cb.State.CLOSED  # our own queue, no verdict on Director
+    release.set()
+    assert await holder == "held"
 
 
 @pytest.mark.parametrize(
