@@ -278,13 +278,26 @@ async def test_disabling_the_module_cancels_a_pull_in_flight(agent_env: AgentEnv
         await broker.stop()
 
 
-class ForbidSecretWrites(httpx.AsyncBaseTransport):
-    """The agent's API server connection, except that writing a secret is forbidden (as with
-    missing RBAC or an admission webhook saying no)."""
+class ApiServerTransport(httpx.AsyncBaseTransport):
+    """The agent's own connection to the runtime API server, for a test to step into."""
 
     def __init__(self, agent_env: AgentEnv) -> None:
         access = access_from_kubeconfig_file(agent_env.cluster.kubeconfig_path)
         self.inner = httpx.AsyncHTTPTransport(verify=access.ssl_context())
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class ForbidSecretWrites(ApiServerTransport):
+    """The agent's API server connection, except that writing a secret is forbidden (as with
+    missing RBAC or an admission webhook saying no)."""
+
+    def __init__(self, agent_env: AgentEnv) -> None:
+        super().__init__(agent_env)
         self.refused = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -292,10 +305,7 @@ class ForbidSecretWrites(httpx.AsyncBaseTransport):
             self.refused += 1
             status = {"kind": "Status", "code": 403, "message": "forbidden by the test"}
             return httpx.Response(403, json=status)
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+        return await super().handle_async_request(request)
 
 
 async def test_a_token_that_cannot_be_stored_does_not_start_a_pull_loop(
@@ -321,13 +331,12 @@ async def test_a_token_that_cannot_be_stored_does_not_start_a_pull_loop(
         await broker.stop()
 
 
-class Held(httpx.AsyncBaseTransport):
+class Held(ApiServerTransport):
     """The agent's API server connection, except that the requests `held` picks wait for
     `release`."""
 
     def __init__(self, agent_env: AgentEnv, held: Callable[[httpx.Request], bool]) -> None:
-        access = access_from_kubeconfig_file(agent_env.cluster.kubeconfig_path)
-        self.inner = httpx.AsyncHTTPTransport(verify=access.ssl_context())
+        super().__init__(agent_env)
         self.held = held
         self.holding = asyncio.Event()
         self.release = asyncio.Event()
@@ -336,10 +345,7 @@ class Held(httpx.AsyncBaseTransport):
         if self.held(request):
             self.holding.set()
             await self.release.wait()
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+        return await super().handle_async_request(request)
 
 
 async def test_a_turn_during_the_secret_write_does_not_throw_the_token_away(
