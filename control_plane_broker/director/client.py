@@ -99,6 +99,7 @@ class DirectorClient:
         tenant: str,
         operation: str,
         follow_up: bool = False,
+        then: int = 0,
         caller_present: CallerPresent | None = None,
     ) -> dict[str, Any]:
         async def attempt() -> dict[str, Any]:
@@ -123,7 +124,9 @@ class DirectorClient:
                 return self._parse(response, operation)
             raise AssertionError("unreachable")
 
-        return await self._guard.call(attempt, follow_up=follow_up, caller_present=caller_present)
+        return await self._guard.call(
+            attempt, follow_up=follow_up, then=then, caller_present=caller_present
+        )
 
     @staticmethod
     def _parse(response: httpx.Response, operation: str) -> dict[str, Any]:
@@ -179,6 +182,7 @@ class DirectorClient:
             {"in": spec.model_dump(exclude_none=True)},
             tenant=tenant,
             operation="registerRuntime",
+            then=1,  # the token of the request that registers
         )
         return parse_field(data, "registerRuntime", DirectorRuntime, "registerRuntime")
 

@@ -365,3 +365,42 @@ def test_a_ticket_waits_while_director_is_behind_the_calendar() -> None:
     assert cal.book("late", calls=1, now=turn + 2.0, queued_calls=16) == Admitted()
     assert cal.tickets() == 0
     assert cal.booked_until == booked
+
+
+async def test_the_queue_counts_the_tokens_that_waiting_registrations_will_ask_for() -> None:
+    clock = Clock()
+    g = guard(clock, max_concurrency=1, queue_timeout=1.0)  # 0.1 s a call, one at a time
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        holding.set()
+        await release.wait()
+        clock.now += 0.1  # each call takes what the calendar expects: its estimate stays put
+
+    async def register() -> str:
+        clock.now += 0.1
+        return "registered"
+
+    calls = [asyncio.create_task(g.call(hold))]
+    await holding.wait()
+    # Six registrations wait for the slot; each one's token will go ahead of any first call
+    # queued behind them, so the queue is 12 calls (1.2 s), not 6 (0.6 s): a new request
+    # admitted now would wait past the queue timeout.
+    calls += [asyncio.create_task(g.call(register, then=1)) for _ in range(6)]
+    await until(lambda: g.snapshot().waiting == 6)
+    with pytest.raises(TurnBooked) as info:
+        g.book("behind", calls=1)
+    assert info.value.retry_after == advise(1.2, max_wait=1.0)
+    release.set()
+    assert await asyncio.gather(*calls) == [None] + ["registered"] * 6
+    # Served, nothing is owed any more: later, nine plain calls waiting (0.9 s) admit a request.
+    clock.now += 2.0
+    holding.clear()
+    release.clear()
+    calls = [asyncio.create_task(g.call(hold))]
+    await holding.wait()
+    calls += [asyncio.create_task(g.call(register)) for _ in range(9)]
+    await until(lambda: g.snapshot().waiting == 9)
+    g.book("next", calls=1)
+    release.set()
+    await asyncio.gather(*calls)
