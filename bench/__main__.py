@@ -34,6 +34,7 @@ from bench.jsonout import to_json
 from bench.keys import RuntimeKey, new_runtime_keys
 from bench.plan import ALL_SCENARIOS, OTHER_SCENARIOS, describe, fleet_runs
 from bench.procs import Child, python_child
+from bench.profiling import profiled_run
 from bench.progress import Progress
 from bench.results import BenchReport, Machine, Plan
 from bench.scenarios import Bench, BenchConfig, RuntimeClusters
@@ -85,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         "docs/benchmarks.json and docs/benchmarks-{cold,outage}.png.",
         epilog=f"""The full run of issue 10 is the default:
   {FULL_RUN}
-  python -m bench --profile     the same, with py-spy on the largest cold start
+  python -m bench --profile     the same, and a repeat of the largest cold start under py-spy
 Each run may take max(10x bound, 300 s), capped by --max-run-seconds: `python -m bench
 --plan` prints every run with its bound and deadline, and the expected duration when
 every run meets its target and when every run reaches its deadline.
@@ -208,9 +209,9 @@ e.g. `--sizes 100 --scenarios cold,outage`.""",
     add(
         "--profile",
         action="store_true",
-        help="sample the broker of the largest primary cold start with py-spy (--nonblocking; "
-        "cProfile only if py-spy cannot attach, or BENCH_PROFILER=cprofile) and summarise "
-        "the top frames in the report",
+        help="repeat the largest primary cold start at the end with py-spy sampling its broker "
+        "(--nonblocking; cProfile only if py-spy cannot attach, or BENCH_PROFILER=cprofile) "
+        "and summarise the top frames in the report; no table figure comes from that repeat",
     )
     add(
         "--quick",
@@ -464,9 +465,11 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Ben
                 runtime_clusters, bench.runtime_clusters = await start_runtime_clusters(
                     plan.tokenreview_clusters, binaries, workdir, progress
                 )
-            report.runs.append(await bench.fleet_run(spec))
+            result = await bench.fleet_run(spec)
             if spec.profile:
-                report.profile = bench.profile
+                report.profile = bench.profile and profiled_run(bench.profile, result)
+            else:
+                report.runs.append(result)
             if spec.identity_mode == "tokenreview" and not any(
                 r.identity_mode == "tokenreview" for r in runs[runs.index(spec) + 1 :]
             ):

@@ -45,6 +45,7 @@ def _fleet_run(report: BenchReport, run: FleetRunResult) -> dict[str, Any]:
             "calls_per_runtime": _r(run.calls_per_runtime),
             "calls_per_runtime_target": report_mod.CALLS_PER_RUNTIME_TARGET,
             "peak_director_in_flight": run.director.peak_in_flight,
+            "director_busy_share": _r(run.director_busy),
             "duplicates": run.integrity.duplicates,
             "registrations": run.integrity.registrations,
             "mappings_recorded": run.integrity.mappings_recorded,

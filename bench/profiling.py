@@ -21,8 +21,12 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench.results import FleetRunResult
 
 PROFILER_ENV = "BENCH_PROFILER"  # "cprofile" forces the fallback
 BROKER_PACKAGE = "control_plane_broker"
@@ -47,6 +51,19 @@ class ProfileSummary:
     top_broker: list[FrameShare] = field(default_factory=list)
     note: str = ""  # why the fallback was used, or what went wrong
     file: str = ""
+
+
+def profiled_run(summary: ProfileSummary, run: FleetRunResult) -> ProfileSummary:
+    """The summary, naming what the profiled repeat achieved under the profiler: its figures
+    stay out of the tables, but a reader should see how much the profiler slowed it."""
+    ratio = run.ratio
+    outcome = f"{run.connected:,}/{run.n:,} connected" + (
+        f" in {run.time:.1f} s, {ratio:.2f}x the bound" if run.time is not None and ratio else ""
+    )
+    return replace(
+        summary,
+        run=f"{summary.run} (a repeat of its own, not in the tables: {outcome})",
+    )
 
 
 def frame_name(raw: str) -> str:

@@ -42,6 +42,10 @@ class Verdict:
     status: str  # met | not met | not measured
 
 
+def _percent(share: float | None) -> str:
+    return "—" if share is None else f"{100 * share:.0f} %"
+
+
 def _fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
     if value is None:
         return "—"
@@ -399,6 +403,7 @@ def _cost_cells(r: FleetRunResult) -> list[str]:
         _fmt(r.calls_per_runtime, 2),
         _calls_breakdown(r.director, _newly(r)),
         f"{r.director.peak_in_flight} / {r.capacity}",
+        _percent(r.director_busy),
         f"{r.integrity.duplicates}",
         _kcp_per_runtime(r),
         _fmt(r.broker_cpu_seconds),
@@ -412,6 +417,7 @@ COST_HEADER = [
     f"Director calls / new runtime (≤ {CALLS_PER_RUNTIME_TARGET})",
     "by operation / new runtime",
     "peak Director calls in flight / C",
+    "Director busy (share of C x time)",
     "duplicates",
     "KCP requests / runtime",
     "broker CPU (s, all replicas)",
@@ -869,7 +875,10 @@ def _steady_section(report: BenchReport) -> list[str]:
 def _profile_section(report: BenchReport) -> list[str]:
     p = report.profile
     if p is None:
-        return ["Not run (`python -m bench --profile` samples the largest primary cold start)."]
+        return [
+            "Not run (`python -m bench --profile` samples a repeat of the largest primary cold "
+            "start)."
+        ]
     head = f"{p.tool} on the broker during {p.run}"
     if p.tool == "py-spy":
         head += f" ({p.samples:,} samples at 100 Hz, `--nonblocking`, idle waits left out)"

@@ -18,6 +18,9 @@ class DirectorCounts:
     by_operation: dict[str, int]
     peak_in_flight: int  # Director requests inside the simulator at once (waiting or served)
     peak_active: int  # of those, served at once (the simulator caps this at its capacity)
+    # Seconds the simulator spent on these calls, all together (its latency, handler, queue):
+    # against capacity x time it shows whether Director or the broker was the limit.
+    busy_seconds: float = 0.0
 
     @property
     def total(self) -> int:
@@ -107,6 +110,17 @@ class FleetRunResult:
     def ratio(self) -> float | None:
         t = self.time
         return None if t is None or self.bound <= 0 else t / self.bound
+
+    @property
+    def director_busy(self) -> float | None:
+        """Share of Director's capacity (C calls at a time, for the measured time) its calls
+        used: 1.0 is a Director that never waited for the broker."""
+        t = self.time
+        return (
+            None
+            if not t or self.capacity <= 0
+            else self.director.busy_seconds / (self.capacity * t)
+        )
 
     @property
     def calls_per_runtime(self) -> float | None:

@@ -359,6 +359,7 @@ class Bench:
             by_operation=dict(Counter(c.operation for c in calls)),
             peak_in_flight=int(concurrency["peak_in_flight"]),
             peak_active=int(concurrency["peak_active"]),
+            busy_seconds=sum(c.duration for c in calls if c.endpoint == "director"),
         )
 
     async def _integrity(self, run: Run) -> Integrity:

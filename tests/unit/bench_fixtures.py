@@ -68,6 +68,7 @@ def a_run(
         },
         peak_in_flight=8,
         peak_active=8,
+        busy_seconds=0.1 * calls * connected,  # each call took L
     )
     outage = scenario == "outage"
     return FleetRunResult(

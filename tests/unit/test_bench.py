@@ -25,7 +25,7 @@ from bench.procs import (
     parse_status_kib,
     process_role,
 )
-from bench.profiling import frame_name, summarise_collapsed
+from bench.profiling import ProfileSummary, frame_name, profiled_run, summarise_collapsed
 from bench.prometheus import KcpRequests, delta, gauge_value, parse_request_counts
 from tests.unit.bench_fixtures import a_report, a_run
 
@@ -42,6 +42,13 @@ def test_ratio_needs_a_value_and_a_positive_bound() -> None:
     assert stats.ratio(15.0, 10.0) == 1.5
     assert stats.ratio(None, 10.0) is None
     assert stats.ratio(3.0, 0.0) is None
+
+
+def test_director_busy_is_the_share_of_capacity_times_time_the_calls_used() -> None:
+    # 2 calls of L per runtime take exactly the bound at full use; 1.25x the bound is 80 %.
+    assert a_run(scenario="cold", n=1000, ratio=1.25).director_busy == pytest.approx(0.8)
+    assert a_run(scenario="outage", n=1000, ratio=1.0).director_busy == pytest.approx(1.0)
+    assert a_run(scenario="cold", n=1000, ratio=1.0, connected=999).director_busy is None
 
 
 def test_percentile_interpolates_like_numpy_linear() -> None:
@@ -253,10 +260,24 @@ def test_the_plan_runs_small_sizes_first_shares_rows_and_profiles_the_largest_co
         "outage N=100 L=50ms",
         "cold N=1,000 L=100ms, tokenreview",
         "cold N=1,000 L=100ms, 2 replicas",
+        "cold N=1,000 L=100ms, profiled",  # a repeat of its own: no table figure under py-spy
     ]
-    assert [r.label for r in runs if r.profile] == ["cold N=1,000 L=100ms"]
+    assert [r.label for r in runs if r.profile] == ["cold N=1,000 L=100ms, profiled"]
     only_identity = fleet_runs(plan, ("identity",))
     assert [r.identity_mode for r in only_identity] == ["jwks", "tokenreview"]
+
+
+def test_the_profiled_repeat_names_its_own_figures_in_the_summary() -> None:
+    summary = ProfileSummary(
+        tool="py-spy", run="cold N=1,000 L=100ms, profiled", samples=9, top_own=[]
+    )
+    named = profiled_run(summary, a_run(scenario="cold", n=1000, ratio=1.5))
+    assert named.run == (
+        "cold N=1,000 L=100ms, profiled (a repeat of its own, not in the tables: "
+        "1,000/1,000 connected in 37.5 s, 1.50x the bound)"
+    )
+    unfinished = profiled_run(summary, a_run(scenario="cold", n=1000, ratio=1.5, connected=7))
+    assert unfinished.run.endswith("not in the tables: 7/1,000 connected)")
 
 
 def test_deadline_is_ten_bounds_at_least_300_s_capped_and_an_outage_adds_t() -> None:
