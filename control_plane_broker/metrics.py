@@ -184,6 +184,11 @@ class DirectorCollector(Collector):
                 "broker_director_tickets",
                 "Deferred requests holding a booked turn (503 capacity-booked, not back yet).",
             ),
+            "shift_seconds": GaugeMetricFamily(
+                "broker_director_calendar_shift_seconds",
+                "How far the booked turns moved back because Director served slower than they "
+                "were booked for (0 when no ticket is held).",
+            ),
         }
         for name, family in families.items():
             if snap is not None:

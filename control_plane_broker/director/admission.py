@@ -17,11 +17,19 @@ measured, Director then served 72 % of what it could. `advise` answers a time ea
 the agent is there by its turn (it is admitted up to `max_wait` before it and waits in the queue,
 keeping Director busy), and never so early that it would be sent away again.
 
+Turns are booked with the latency known at the time (while Director is down, an old guess).
+When Director serves slower than that, every later turn is late by as much: the first ticket
+that comes back to a queue longer than promised moves all turns from its own on back by what
+the queue is late (`shift`), instead of each overdue agent being sent away for a second and
+asking again. Measured before, outage at N = 5,000: 300 such 503s a second, and a broker busy
+answering them served Director 57 calls a second of its 80.
+
 Holds: pure (the clock is an argument); no request waits longer than `max_wait` for its turn by
 the estimate, also one that comes back on its ticket while the queue in front of Director is
-longer than the calendar expected; a key holds at most one ticket; tickets expire, so agents
-that never come back do not hold capacity forever; while Director is down a ticket keeps its
-place until its turn; memory is bounded by the number of distinct keys with a ticket.
+longer than the calendar expected; the order of booked turns survives a shift; a key holds at
+most one ticket; tickets expire, so agents that never come back do not hold capacity forever;
+while Director is down a ticket keeps its place until its turn; memory is bounded by the number
+of distinct keys with a ticket.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ class GuardSnapshot:
     call_seconds: float  # the calendar's estimate of one call (slot held)
     booked_ahead_seconds: float  # how far ahead Director's capacity is booked
     tickets: int  # deferred requests holding a booked turn
+    shift_seconds: float  # how far the booked turns moved back because Director fell behind
     slot_timeouts: int  # calls refused after waiting twice the queue timeout for a slot
 
 
@@ -71,8 +80,8 @@ Verdict = Admitted | Deferred
 
 @dataclass
 class _Ticket:
-    turn: float  # when the booked capacity starts
-    expires: float
+    turn: float  # when the booked capacity starts, before the calendar's `shift`
+    expires: float  # likewise
 
 
 @dataclass
@@ -84,6 +93,7 @@ class Calendar:
     smoothing: float = 0.2  # weight of a new latency measurement (EWMA)
     max_latency: float = 30.0  # a hung call must not push bookings into the next hour
     booked_until: float = 0.0
+    shift: float = 0.0  # added to every ticket's turn: how late Director is against the bookings
     _tickets: dict[str, _Ticket] = field(default_factory=dict)
 
     def seconds_per_call(self) -> float:
@@ -107,25 +117,26 @@ class Calendar:
         the time it needs, instead of returning at once or after its backoff has grown long."""
         ticket = self._tickets.get(key)
         if ticket is not None:
-            if now > ticket.expires:
-                del self._tickets[key]
-            elif ticket.turn - now > self.max_wait or (
-                not_before is not None and ticket.turn > now
-            ):
+            turn = ticket.turn + self.shift
+            if now > ticket.expires + self.shift:
+                self._drop(key)
+            elif turn - now > self.max_wait or (not_before is not None and turn > now):
                 # Not its turn yet (or Director is still down and its turn still ahead): the
                 # same turn again, nothing booked twice, its place in the fleet kept.
-                return Deferred(retry_after=ticket.turn - now)
+                return Deferred(retry_after=turn - now)
             else:
                 behind = queued_calls * self.seconds_per_call() - self.max_wait
                 if not_before is None and behind > 0:
-                    # Director is behind the calendar (its latency grew after the turn was
-                    # booked, e.g. another replica shares it): admitted now, it would wait
-                    # longer than promised, perhaps past the agent's timeout. Its turn moves
-                    # back by what the queue is late; its place stays its own.
-                    ticket.turn = now + behind
-                    ticket.expires = ticket.turn + self.ticket_grace
-                    return Deferred(retry_after=behind)
-                del self._tickets[key]  # its capacity was booked when it was deferred
+                    # Director is behind the calendar (its latency grew after the turns were
+                    # booked, or another replica shares it): admitted now, it would wait
+                    # longer than promised, perhaps past the agent's timeout. Its turn and
+                    # every later one move back by what the queue is late; places are kept.
+                    late = now + behind - turn
+                    if late > 0:
+                        self.shift += late
+                        self.booked_until += late
+                    return Deferred(retry_after=ticket.turn + self.shift - now)
+                self._drop(key)  # its capacity was booked when it was deferred
                 if not_before is None:
                     return Admitted()
         cost = calls * self.seconds_per_call()
@@ -136,14 +147,21 @@ class Calendar:
         wait = turn - now
         if wait <= self.max_wait and not_before is None:
             return Admitted()
-        self._tickets[key] = _Ticket(turn=turn, expires=turn + self.ticket_grace)
+        self._tickets[key] = _Ticket(
+            turn=turn - self.shift, expires=turn + self.ticket_grace - self.shift
+        )
         if len(self._tickets) > 4 * 1024 and len(self._tickets) % 1024 == 0:
             self._expire(now)
         return Deferred(retry_after=wait)
 
     def cancel(self, key: str) -> None:
         """The request will not need its booking (e.g. refused later for another reason)."""
+        self._drop(key)
+
+    def _drop(self, key: str) -> None:
         self._tickets.pop(key, None)
+        if not self._tickets:
+            self.shift = 0.0  # no turn left to keep in order: the next herd starts afresh
 
     def observe(self, seconds: float) -> None:
         """A Director call took `seconds`: the estimate follows what Director really does."""
@@ -154,5 +172,5 @@ class Calendar:
         return len(self._tickets)
 
     def _expire(self, now: float) -> None:
-        for key in [k for k, t in self._tickets.items() if now > t.expires]:
-            del self._tickets[key]
+        for key in [k for k, t in self._tickets.items() if now > t.expires + self.shift]:
+            self._drop(key)

@@ -122,6 +122,7 @@ class DirectorGuard:
             call_seconds=calendar.latency,
             booked_ahead_seconds=max(0.0, calendar.booked_until - self._clock()),
             tickets=calendar.tickets(),
+            shift_seconds=calendar.shift,
             slot_timeouts=self._slot_timeouts,
         )
 

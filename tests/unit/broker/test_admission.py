@@ -360,11 +360,45 @@ def test_a_ticket_waits_while_director_is_behind_the_calendar() -> None:
     # admitted now it would wait longer than promised. Told to come back when it would not.
     assert cal.book("late", calls=1, now=turn, queued_calls=48) == Deferred(retry_after=2.0)
     assert cal.tickets() == 1
-    assert cal.booked_until == booked  # nothing booked twice
-    # Back then, with the queue down to max_wait: admitted on its ticket.
+    # Back then, with the queue down to max_wait: admitted on its ticket, nothing booked twice
+    # (what is booked after it moved back with it).
     assert cal.book("late", calls=1, now=turn + 2.0, queued_calls=16) == Admitted()
     assert cal.tickets() == 0
-    assert cal.booked_until == booked
+    assert cal.booked_until == booked + 2.0
+
+
+def test_when_director_falls_behind_every_later_turn_moves_back_in_order() -> None:
+    cal = calendar()  # 1/16 s a call, max_wait 1 s
+    # A fleet deferred while 32 calls (2 s) queued: turns at 2, 2 + 1/16, ... in order.
+    for i in range(20):
+        assert cal.book(f"rt-{i}", calls=1, now=0.0, queued_calls=32) == Deferred(
+            retry_after=2.0 + i * SLOT
+        )
+    booked = cal.booked_until
+    # Director served slower than booked: rt-0 comes back at its turn to a queue 2 s past the
+    # promise. Its turn and every later one move back by those 2 s.
+    assert cal.book("rt-0", calls=1, now=2.0, queued_calls=48) == Deferred(retry_after=2.0)
+    assert cal.shift == 2.0
+    assert cal.booked_until == booked + 2.0
+    # rt-5, back at its old turn, is told its moved turn (not sent away for a second to ask
+    # again while the queue stays long), still after rt-0's.
+    assert cal.book("rt-5", calls=1, now=2.0 + 5 * SLOT, queued_calls=40) == Deferred(
+        retry_after=2.0
+    )
+    # A newcomer books after the moved turns, not between them.
+    assert cal.book("new", calls=1, now=2.5, queued_calls=40) == Deferred(
+        retry_after=booked + 2.0 - 2.5
+    )
+    # In their moved turns, with the queue back within the promise, they are admitted.
+    assert cal.book("rt-0", calls=1, now=4.0, queued_calls=16) == Admitted()
+    assert cal.book("rt-5", calls=1, now=4.0 + 5 * SLOT, queued_calls=16) == Admitted()
+    for i in (*range(1, 5), *range(6, 20)):
+        cal.cancel(f"rt-{i}")
+    cal.cancel("new")
+    assert (cal.tickets(), cal.shift) == (
+        0,
+        0.0,
+    )  # no turn left to keep: the next herd starts afresh
 
 
 async def test_the_queue_counts_the_tokens_that_waiting_registrations_will_ask_for() -> None:

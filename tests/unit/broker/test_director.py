@@ -461,6 +461,7 @@ async def test_the_admission_gauges_show_calls_in_flight_waiting_and_booked_ahea
         "broker_director_call_seconds_estimate": 0.1,
         "broker_director_booked_ahead_seconds": pytest.approx(1.2),
         "broker_director_tickets": 2.0,
+        "broker_director_calendar_shift_seconds": 0.0,
         "broker_director_slot_timeouts_total": 0.0,
     }
     assert guard.snapshot().tickets == guard.calendar.tickets() > 0
