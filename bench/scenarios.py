@@ -74,6 +74,16 @@ RUNTIME_ID_LABEL = "kyma_runtime_id"  # the broker's default BROKER_RUNTIME_ID_L
 BREAKER_GAUGE = "broker_circuit_breaker_open"
 BREAKER_OPENED_GAUGE = "broker_circuit_breaker_opened_timestamp_seconds"
 TOKEN = "requestOneTimeTokenForRuntime"
+ADMISSION_SAMPLE_SECONDS = 1.0
+ADMISSION_GAUGES = (
+    "broker_director_calls_in_flight",
+    "broker_director_calls_waiting",
+    "broker_director_call_seconds_estimate",
+    "broker_director_booked_ahead_seconds",
+    "broker_director_tickets",
+    "broker_director_calendar_shift_seconds",
+    "broker_director_slot_timeouts_total",
+)
 REGISTER_BATCH = 50  # steady state registers its runtimes in batches (not a cold start)
 TOKEN_SLACK_SECONDS = 3600  # tokens stay valid this long after a run's deadline
 REPORT_BATCH = 500  # the reports scenario registers its runtimes in batches of this size
@@ -242,6 +252,7 @@ class Bench:
         while Director is down, when the broker's breaker opens; prints progress."""
         n = len(run.keys)
         watch_breaker = run.spec.scenario == "outage"
+        next_admission_sample = 0.0
         async with httpx.AsyncClient(timeout=10) as http:
             while not stop.is_set():
                 try:
@@ -250,6 +261,9 @@ class Bench:
                     self.progress.say(f"{run.spec.label}: reading the simulator failed ({exc!r})")
                 if watch_breaker and run.breaker_opened_at is None:
                     await self._watch_breaker(http, run)
+                if time.time() >= next_admission_sample:
+                    next_admission_sample = time.time() + ADMISSION_SAMPLE_SECONDS
+                    await self._sample_admission(http, run)
 
                 def line() -> str:
                     top = ", ".join(f"{k}: {v}" for k, v in result.attempts.most_common(3))
@@ -262,6 +276,22 @@ class Bench:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)
             await run.sim.poll_calls(http)
+
+    async def _sample_admission(self, http: httpx.AsyncClient, run: Run) -> None:
+        """Appends each broker's Director admission gauges to `admission-<i>.csv` in the run's
+        work folder (kept with --keep-workdir): why Director idled, when a run was slow."""
+        for index, broker in enumerate(run.brokers):
+            try:
+                response = await http.get(f"{broker.url}/metrics", timeout=2.0)
+            except httpx.HTTPError:
+                continue
+            path = run.workdir / f"admission-{index}.csv"
+            values = [gauge_value(response.text, name) for name in ADMISSION_GAUGES]
+            with path.open("a") as out:
+                if out.tell() == 0:
+                    out.write(",".join(["unix_seconds", *ADMISSION_GAUGES]) + "\n")
+                cells = ["" if v is None else f"{v:g}" for v in values]
+                out.write(",".join([f"{time.time():.1f}", *cells]) + "\n")
 
     async def _watch_breaker(self, http: httpx.AsyncClient, run: Run) -> None:
         for broker in run.brokers:

@@ -17,6 +17,13 @@ measured, Director then served 72 % of what it could. `advise` answers a time ea
 the agent is there by its turn (it is admitted up to `max_wait` before it and waits in the queue,
 keeping Director busy), and never so early that it would be sent away again.
 
+Turns far ahead are spaced at the pace of the fastest of Director's recent calls, not at the
+moving average: a turn booked too late leaves Director idle until its agent is back (measured,
+cold start at N = 5,000: a burst that slowed the broker's loop for a second pushed the average
+to 0.9 s a call, the turns booked in that second spread over 19 s more than Director needed,
+and Director sat idle for those 19 s), while a turn booked too early costs only the agent's
+visit: it finds the queue long and its turn moves back with the calendar's shift (below).
+
 Turns are booked with the latency known at the time (while Director is down, an old guess).
 When Director serves slower than that, every later turn is late by as much: the first ticket
 that comes back to a queue longer than promised moves all turns from its own on back by what
@@ -35,6 +42,7 @@ of distinct keys with a ticket.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 # What an agent adds to Retry-After (agent/retry.py): up to this share of it, at least a second.
@@ -94,10 +102,17 @@ class Calendar:
     max_latency: float = 30.0  # a hung call must not push bookings into the next hour
     booked_until: float = 0.0
     shift: float = 0.0  # added to every ticket's turn: how late Director is against the bookings
+    recent_calls: int = 32  # the fastest of this many recent calls spaces the turns far ahead
     _tickets: dict[str, _Ticket] = field(default_factory=dict)
+    _recent: deque[float] = field(default_factory=deque)
 
     def seconds_per_call(self) -> float:
         return self.latency / max(self.capacity, 1)
+
+    def seconds_per_call_ahead(self) -> float:
+        """The pace of turns far ahead: the fastest recent call, never slower than average."""
+        fastest = min(self._recent, default=self.latency)
+        return min(fastest, self.latency) / max(self.capacity, 1)
 
     def book(
         self,
@@ -139,14 +154,14 @@ class Calendar:
                 self._drop(key)  # its capacity was booked when it was deferred
                 if not_before is None:
                     return Admitted()
-        cost = calls * self.seconds_per_call()
         turn = max(self.booked_until, now + queued_calls * self.seconds_per_call())
         if not_before is not None:
             turn = max(turn, not_before)
-        self.booked_until = turn + cost
         wait = turn - now
         if wait <= self.max_wait and not_before is None:
+            self.booked_until = turn + calls * self.seconds_per_call()
             return Admitted()
+        self.booked_until = turn + calls * self.seconds_per_call_ahead()
         self._tickets[key] = _Ticket(
             turn=turn - self.shift, expires=turn + self.ticket_grace - self.shift
         )
@@ -167,6 +182,9 @@ class Calendar:
         """A Director call took `seconds`: the estimate follows what Director really does."""
         sample = min(max(seconds, 0.0), self.max_latency)
         self.latency += self.smoothing * (sample - self.latency)
+        self._recent.append(sample)
+        if len(self._recent) > self.recent_calls:
+            self._recent.popleft()
 
     def tickets(self) -> int:
         return len(self._tickets)

@@ -438,3 +438,25 @@ async def test_the_queue_counts_the_tokens_that_waiting_registrations_will_ask_f
     g.book("next", calls=1)
     release.set()
     await asyncio.gather(*calls)
+
+
+def test_turns_far_ahead_are_spaced_at_the_pace_of_the_fastest_recent_call() -> None:
+    cal = calendar()  # 2 slots, 0.125 s a call
+    for _ in range(32):
+        cal.observe(0.125)
+    for _ in range(3):  # a burst slowed the broker's loop: three calls looked eight times slower
+        cal.observe(1.0)
+    assert cal.latency > 0.5
+    # What waits in front of Director now is judged at the average (admission stays honest) ...
+    assert cal.book("queued-behind", calls=1, now=0.0, queued_calls=4) == Deferred(
+        retry_after=4 * cal.seconds_per_call()
+    )
+    # ... but the turns after it follow one another at the fastest recent pace, 1/16 s a call:
+    # a late turn would leave Director idle until its agent is back.
+    first = cal.booked_until
+    turns = [cal.book(f"rt-{i}", calls=2, now=0.0) for i in range(3)]
+    assert turns == [Deferred(retry_after=first + 2 * i * SLOT) for i in range(3)]
+    # Once the slow calls are older than the last 32, the average is the pace again.
+    for _ in range(32):
+        cal.observe(2.0)
+    assert cal.seconds_per_call_ahead() == cal.seconds_per_call()
