@@ -17,12 +17,13 @@ measured, Director then served 72 % of what it could. `advise` answers a time ea
 the agent is there by its turn (it is admitted up to `max_wait` before it and waits in the queue,
 keeping Director busy), and never so early that it would be sent away again.
 
-Turns far ahead are spaced at the pace of the fastest of Director's recent calls, not at the
-moving average: a turn booked too late leaves Director idle until its agent is back (measured,
-cold start at N = 5,000: a burst that slowed the broker's loop for a second pushed the average
-to 0.9 s a call, the turns booked in that second spread over 19 s more than Director needed,
-and Director sat idle for those 19 s), while a turn booked too early costs only the agent's
-visit: it finds the queue long and its turn moves back with the calendar's shift (below).
+Whether a request is admitted, and what it books, is judged at the moving average of Director's
+calls against the queue in front of it; a deferred request's turn is counted at the pace of the
+fastest of Director's recent calls. A turn booked too late leaves Director idle until its agent
+is back (measured, cold start at N = 5,000: a burst that slowed the broker's loop for a second
+pushed the average to 0.9 s a call, the turns booked in that second spread over 19 s more than
+Director needed, and Director sat idle for those 19 s); a turn booked too early costs only the
+agent's visit: it finds the queue long and its turn moves back with the calendar's shift.
 
 Turns are booked with the latency known at the time (while Director is down, an old guess).
 When Director serves slower than that, every later turn is late by as much: the first ticket
@@ -146,22 +147,27 @@ class Calendar:
                     # booked, or another replica shares it): admitted now, it would wait
                     # longer than promised, perhaps past the agent's timeout. Its turn and
                     # every later one move back by what the queue is late; places are kept.
-                    late = now + behind - turn
-                    if late > 0:
-                        self.shift += late
-                        self.booked_until += late
-                    return Deferred(retry_after=ticket.turn + self.shift - now)
+                    # How late counts at the fastest pace: a burst that slows the broker's
+                    # loop inflates the average, and a shift is never taken back.
+                    late = now + queued_calls * self.seconds_per_call_ahead() - self.max_wait
+                    if late - turn > 0:
+                        self.shift += late - turn
+                        self.booked_until += late - turn
+                    return Deferred(retry_after=max(ticket.turn + self.shift - now, behind))
                 self._drop(key)  # its capacity was booked when it was deferred
                 if not_before is None:
                     return Admitted()
         turn = max(self.booked_until, now + queued_calls * self.seconds_per_call())
+        if not_before is None and turn - now <= self.max_wait:
+            self.booked_until = turn + calls * self.seconds_per_call()
+            return Admitted()
+        # Deferred: its turn, and what it books, at the pace ahead (see above).
+        pace = self.seconds_per_call_ahead()
+        turn = max(self.booked_until, now + queued_calls * pace)
         if not_before is not None:
             turn = max(turn, not_before)
         wait = turn - now
-        if wait <= self.max_wait and not_before is None:
-            self.booked_until = turn + calls * self.seconds_per_call()
-            return Admitted()
-        self.booked_until = turn + calls * self.seconds_per_call_ahead()
+        self.booked_until = turn + calls * pace
         self._tickets[key] = _Ticket(
             turn=turn - self.shift, expires=turn + self.ticket_grace - self.shift
         )

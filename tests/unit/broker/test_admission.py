@@ -440,23 +440,43 @@ async def test_the_queue_counts_the_tokens_that_waiting_registrations_will_ask_f
     await asyncio.gather(*calls)
 
 
-def test_turns_far_ahead_are_spaced_at_the_pace_of_the_fastest_recent_call() -> None:
+def slowed_by_a_burst() -> Calendar:
     cal = calendar()  # 2 slots, 0.125 s a call
     for _ in range(32):
         cal.observe(0.125)
     for _ in range(3):  # a burst slowed the broker's loop: three calls looked eight times slower
         cal.observe(1.0)
     assert cal.latency > 0.5
-    # What waits in front of Director now is judged at the average (admission stays honest) ...
+    return cal
+
+
+def test_turns_far_ahead_are_spaced_at_the_pace_of_the_fastest_recent_call() -> None:
+    cal = slowed_by_a_burst()
+    # Admission is judged at the average: 4 calls in front are more than max_wait (1 s) by it,
+    # so the request is deferred, which the fastest pace alone would not have done ...
+    assert 4 * cal.seconds_per_call() > 1.0 > 4 * SLOT
+    # ... but its turn, and the turns after it, follow at the fastest recent pace, 1/16 s a
+    # call: a turn booked late would leave Director idle until its agent is back.
     assert cal.book("queued-behind", calls=1, now=0.0, queued_calls=4) == Deferred(
-        retry_after=4 * cal.seconds_per_call()
+        retry_after=4 * SLOT
     )
-    # ... but the turns after it follow one another at the fastest recent pace, 1/16 s a call:
-    # a late turn would leave Director idle until its agent is back.
-    first = cal.booked_until
-    turns = [cal.book(f"rt-{i}", calls=2, now=0.0) for i in range(3)]
-    assert turns == [Deferred(retry_after=first + 2 * i * SLOT) for i in range(3)]
+    turns = [cal.book(f"rt-{i}", calls=2, now=0.0, queued_calls=4) for i in range(3)]
+    assert turns == [Deferred(retry_after=5 * SLOT + 2 * i * SLOT) for i in range(3)]
     # Once the slow calls are older than the last 32, the average is the pace again.
     for _ in range(32):
         cal.observe(2.0)
     assert cal.seconds_per_call_ahead() == cal.seconds_per_call()
+
+
+def test_a_queue_long_only_by_an_inflated_average_sends_one_agent_back_but_shifts_nobody() -> None:
+    cal = slowed_by_a_burst()
+    assert cal.book("rt-0", calls=1, now=0.0, queued_calls=40) == Deferred(retry_after=40 * SLOT)
+    turn = 40 * SLOT
+    # Back at its turn: 12 calls in front are more than max_wait (1 s) at the inflated average,
+    # so it is not admitted now; at the fastest pace they are 0.75 s: the loop was slow, not
+    # Director, and the turns of everybody else stay where they are.
+    behind = 12 * cal.seconds_per_call() - 1.0
+    assert behind > 0
+    assert 12 * SLOT < 1.0
+    assert cal.book("rt-0", calls=1, now=turn, queued_calls=12) == Deferred(retry_after=behind)
+    assert cal.shift == 0.0
