@@ -147,13 +147,11 @@ class Calendar:
                     # booked, or another replica shares it): admitted now, it would wait
                     # longer than promised, perhaps past the agent's timeout. Its turn and
                     # every later one move back by what the queue is late; places are kept.
-                    # How late counts at the fastest pace: a burst that slows the broker's
-                    # loop inflates the average, and a shift is never taken back.
-                    late = now + queued_calls * self.seconds_per_call_ahead() - self.max_wait
-                    if late - turn > 0:
-                        self.shift += late - turn
-                        self.booked_until += late - turn
-                    return Deferred(retry_after=max(ticket.turn + self.shift - now, behind))
+                    late = now + behind - turn
+                    if late > 0:
+                        self.shift += late
+                        self.booked_until += late
+                    return Deferred(retry_after=ticket.turn + self.shift - now)
                 self._drop(key)  # its capacity was booked when it was deferred
                 if not_before is None:
                     return Admitted()

@@ -466,17 +466,3 @@ def test_turns_far_ahead_are_spaced_at_the_pace_of_the_fastest_recent_call() -> 
     for _ in range(32):
         cal.observe(2.0)
     assert cal.seconds_per_call_ahead() == cal.seconds_per_call()
-
-
-def test_a_queue_long_only_by_an_inflated_average_sends_one_agent_back_but_shifts_nobody() -> None:
-    cal = slowed_by_a_burst()
-    assert cal.book("rt-0", calls=1, now=0.0, queued_calls=40) == Deferred(retry_after=40 * SLOT)
-    turn = 40 * SLOT
-    # Back at its turn: 12 calls in front are more than max_wait (1 s) at the inflated average,
-    # so it is not admitted now; at the fastest pace they are 0.75 s: the loop was slow, not
-    # Director, and the turns of everybody else stay where they are.
-    behind = 12 * cal.seconds_per_call() - 1.0
-    assert behind > 0
-    assert 12 * SLOT < 1.0
-    assert cal.book("rt-0", calls=1, now=turn, queued_calls=12) == Deferred(retry_after=behind)
-    assert cal.shift == 0.0
