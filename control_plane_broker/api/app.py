@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,7 +22,15 @@ from fastapi import FastAPI, Header, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -70,8 +79,23 @@ ConnectionState = Literal[
     "Synchronized",
     "NotFound",
 ]
-# RFC 3339 text only: strict, so a number is not taken for a Unix time.
-Timestamp = Annotated[AwareDatetime, Strict()]
+# RFC 3339 `date-time` text only: strict, so a JSON number is not taken for a Unix time, and
+# shaped like one, since pydantic also reads a numeric string ("5449") as a Unix time and takes
+# a space for the "T" (both found by the schema fuzzer).
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", re.ASCII
+)
+
+
+def _rfc3339_text(value: object) -> object:
+    if not isinstance(value, str):
+        return value  # strict: refused below
+    if not _RFC3339.fullmatch(value):
+        raise ValueError("not an RFC 3339 date-time")
+    return datetime.fromisoformat(value.upper())
+
+
+Timestamp = Annotated[AwareDatetime, Strict(), BeforeValidator(_rfc3339_text)]
 
 
 class ConnectionReportBody(BaseModel):

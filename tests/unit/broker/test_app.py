@@ -274,6 +274,11 @@ GOOD_REPORT = {"connectionState": "Connected", "observedAt": "2026-12-03T15:00:0
         {**GOOD_REPORT, "observedAt": 1764774000},  # a number is no RFC 3339 time
         {**GOOD_REPORT, "observedAt": "2026-12-03T15:00:00"},  # no offset
         {**GOOD_REPORT, "certificateNotAfter": "tomorrow"},
+        {**GOOD_REPORT, "certificateNotAfter": "5449"},  # pydantic alone takes it for Unix time
+        {**GOOD_REPORT, "observedAt": "1764774000"},
+        {**GOOD_REPORT, "observedAt": "2026-12-03 15:00:00Z"},  # RFC 3339 wants the T
+        {**GOOD_REPORT, "observedAt": "2026-12-03T15:00Z"},  # and the seconds
+        {**GOOD_REPORT, "observedAt": "2026-13-03T15:00:00Z"},
         {**GOOD_REPORT, "lastError": "e" * 1025},
         {**GOOD_REPORT, "tokenSha256": "A" * 64},  # lower-case hex only
         {**GOOD_REPORT, "tokenSha256": "a" * 63},
@@ -335,6 +340,7 @@ async def test_the_report_endpoint_is_in_the_openapi_with_its_body(world: World)
         ("0001-01-01T00:00:00+01:00", "0001-01-01T00:00:00Z"),  # clamped, not refused
         ("9999-12-31T23:59:59-01:00", "9999-12-31T23:59:59Z"),
         ("1969-07-20T20:17:40Z", "1969-07-20T20:17:40Z"),
+        ("2027-01-01t00:00:00.1234567z", "2027-01-01T00:00:00Z"),  # lower case, 7 digits
     ],
 )
 def test_any_valid_time_in_a_report_is_recorded_as_rfc3339_utc(text: str, recorded: str) -> None:
