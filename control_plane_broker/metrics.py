@@ -71,6 +71,11 @@ class Metrics:
             ["verb"],
             registry=r,
         )
+        self.loop_lag = Gauge(
+            "broker_event_loop_lag_seconds",
+            "How late the event loop ran the latest of its twice-a-second timer ticks.",
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "broker_token_request_seconds", "Duration of token requests.", registry=r
         )

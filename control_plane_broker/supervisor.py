@@ -8,7 +8,9 @@ is "down"; readiness fails while a required task is down.
 
 `LoopWatch` tells a wedged event loop: a ticker measures how late its timer fires; when the loop
 was blocked longer than `wedge_seconds` recently, liveness fails, so the kubelet restarts a
-process that stopped making progress instead of leaving it half-alive.
+process that stopped making progress instead of leaving it half-alive. Each tick's lateness is
+also reported (`broker_event_loop_lag_seconds`): a loop busy enough to be late holds Director's
+slots longer than Director needs them.
 """
 
 from __future__ import annotations
@@ -102,8 +104,10 @@ class LoopWatch:
         period: float = 0.5,
         memory_seconds: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        on_lag: Callable[[float], None] | None = None,
     ) -> None:
         self._wedge = wedge_seconds
+        self._on_lag = on_lag
         self._period = period
         self._memory = memory_seconds
         self._clock = clock
@@ -121,6 +125,8 @@ class LoopWatch:
         now = self._clock()
         lag = now - expected
         self.max_lag = max(self.max_lag, lag)
+        if self._on_lag is not None:
+            self._on_lag(max(lag, 0.0))
         if lag >= self._wedge:
             self._wedged_at = now
             log.error("event loop was blocked", extra={"seconds": round(lag, 2)})

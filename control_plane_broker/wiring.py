@@ -282,7 +282,7 @@ async def run(  # noqa: PLR0915
     )
 
     supervisor = Supervisor(on_restart=lambda task: metrics.task_restarts.labels(task).inc())
-    loop_watch = LoopWatch(wedge_seconds=WEDGE_SECONDS)
+    loop_watch = LoopWatch(wedge_seconds=WEDGE_SECONDS, on_lag=metrics.loop_lag.set)
     stale_after = settings.cache_stale_seconds
 
     def ready() -> tuple[bool, list[str]]:

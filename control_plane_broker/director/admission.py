@@ -15,15 +15,21 @@ Agents add jitter to `Retry-After` (agent/retry.py: up to a tenth of it, at leas
 so an agent told its exact turn arrives after it, and the capacity booked for it idles meanwhile:
 measured, Director then served 72 % of what it could. `advise` answers a time early enough that
 the agent is there by its turn (it is admitted up to `max_wait` before it and waits in the queue,
-keeping Director busy), and never so early that it would be sent away again.
+keeping Director busy), and never so early that it would be sent away again. It aims a quarter
+of `max_wait` before the turn, not at it: turns are estimates, and an agent that waits a little
+in the queue costs an open connection, while one that arrives after Director ran out of work
+costs Director's capacity (measured, cold start at N = 1,000: the queue ran dry a second before
+the first deferred agents were back).
 
-Whether a request is admitted, and what it books, is judged at the moving average of Director's
-calls against the queue in front of it; a deferred request's turn is counted at the pace of the
-fastest of Director's recent calls. A turn booked too late leaves Director idle until its agent
-is back (measured, cold start at N = 5,000: a burst that slowed the broker's loop for a second
-pushed the average to 0.9 s a call, the turns booked in that second spread over 19 s more than
-Director needed, and Director sat idle for those 19 s); a turn booked too early costs only the
-agent's visit: it finds the queue long and its turn moves back with the calendar's shift.
+Whether a request is admitted is judged at the moving average of Director's calls against the
+queue in front of it; what any request books, and a deferred request's turn, are counted at the
+pace of the fastest of Director's recent calls. A turn booked too late leaves Director idle until
+its agent is back (measured, cold start at N = 5,000: a burst that slowed the broker's loop for
+a second pushed the average to 0.9 s a call, the turns booked in that second spread over 19 s
+more than Director needed, and Director sat idle for those 19 s; when only admitted requests
+still booked at the average, the ones admitted in that second pushed the first deferred turn
+9 s out, and Director idled 6 s); a turn booked too early costs only the agent's visit: it
+finds the queue long and its turn moves back with the calendar's shift.
 
 Turns are booked with the latency known at the time (while Director is down, an old guess).
 When Director serves slower than that, every later turn is late by as much: the first ticket
@@ -49,13 +55,15 @@ from dataclasses import dataclass, field
 # What an agent adds to Retry-After (agent/retry.py): up to this share of it, at least a second.
 CLIENT_JITTER_SHARE = 0.1
 CLIENT_MIN_JITTER = 1.0
+LEAD_SHARE_OF_MAX_WAIT = 0.25  # how far before its turn an agent is aimed to arrive
 
 
 def advise(wait: float, *, max_wait: float) -> float:
-    """Whole seconds to answer in `Retry-After` for a turn `wait` seconds ahead: the latest time
-    from which an agent arrives by its turn despite its jitter, but not more than `max_wait`
-    before its turn (it would only be deferred again). At least one second."""
-    latest = min(wait / (1 + CLIENT_JITTER_SHARE), wait - CLIENT_MIN_JITTER)
+    """Whole seconds to answer in `Retry-After` for a turn `wait` seconds ahead: a time from which
+    an agent arrives a quarter of `max_wait` before its turn despite its jitter, but not more
+    than `max_wait` before it (it would only be deferred again). At least one second."""
+    lead = LEAD_SHARE_OF_MAX_WAIT * max(max_wait, 0.0)
+    latest = min(wait / (1 + CLIENT_JITTER_SHARE), wait - CLIENT_MIN_JITTER) - lead
     earliest = wait - max(max_wait, 0.0)
     # (the epsilon: 33 / 1.1 is 29.999... in binary, and 30 + its tenth is still on time)
     return float(max(1, math.floor(latest + 1e-9), math.ceil(earliest - 1e-9)))
@@ -155,12 +163,13 @@ class Calendar:
                 self._drop(key)  # its capacity was booked when it was deferred
                 if not_before is None:
                     return Admitted()
-        turn = max(self.booked_until, now + queued_calls * self.seconds_per_call())
-        if not_before is None and turn - now <= self.max_wait:
-            self.booked_until = turn + calls * self.seconds_per_call()
-            return Admitted()
-        # Deferred: its turn, and what it books, at the pace ahead (see above).
+        # Whether it may queue now is judged at the average (the queue must not outlast
+        # `max_wait`); where its booking ends, which is where the next deferred turn starts, at
+        # the pace ahead (see above), admitted or not.
         pace = self.seconds_per_call_ahead()
+        if not_before is None and self._admissible(now, queued_calls):
+            self.booked_until = max(self.booked_until, now + queued_calls * pace) + calls * pace
+            return Admitted()
         turn = max(self.booked_until, now + queued_calls * pace)
         if not_before is not None:
             turn = max(turn, not_before)
@@ -172,6 +181,10 @@ class Calendar:
         if len(self._tickets) > 4 * 1024 and len(self._tickets) % 1024 == 0:
             self._expire(now)
         return Deferred(retry_after=wait)
+
+    def _admissible(self, now: float, queued_calls: int) -> bool:
+        turn = max(self.booked_until, now + queued_calls * self.seconds_per_call())
+        return turn - now <= self.max_wait
 
     def cancel(self, key: str) -> None:
         """The request will not need its booking (e.g. refused later for another reason)."""

@@ -133,9 +133,11 @@ def test_the_queue_in_front_of_director_counts_even_when_nothing_is_booked() -> 
     ("wait", "max_wait", "told"),
     [
         (0.2, 10.0, 1.0),  # never less than the header's second
-        (5.0, 10.0, 4.0),  # a second of jitter
-        (33.0, 10.0, 30.0),  # a tenth: 30 + 3 is its turn at the latest
+        (5.0, 10.0, 1.0),  # a second of jitter, aimed 2.5 s (max_wait / 4) early: 1.5, whole
+        (9.0, 10.0, 5.0),  # 8 + a second of jitter is its turn; aimed 2.5 s before: 5.5
+        (33.0, 10.0, 27.0),  # a tenth: 30 + 3 is its turn at the latest; 27.5 aims 2.5 s early
         (125.0, 10.0, 115.0),  # not more than max_wait early: it would be sent away again
+        (33.0, 4.0, 29.0),  # a smaller waiting room: aimed a second early, 29 at the earliest
         (33.0, 0.0, 33.0),  # no waiting room: exactly its turn
     ],
 )
@@ -466,3 +468,14 @@ def test_turns_far_ahead_are_spaced_at_the_pace_of_the_fastest_recent_call() -> 
     for _ in range(32):
         cal.observe(2.0)
     assert cal.seconds_per_call_ahead() == cal.seconds_per_call()
+
+
+def test_what_an_admitted_request_books_is_counted_at_the_fastest_recent_pace() -> None:
+    cal = slowed_by_a_burst()
+    # Nothing queued: admitted, though the average prices each call far above 1/16 s ...
+    assert cal.seconds_per_call() > 4 * SLOT
+    assert cal.book("admitted", calls=2, now=0.0) == Admitted()
+    # ... and it holds Director for two calls at the pace Director showed, so the first
+    # deferred turn starts right behind it, not where the inflated average would put it.
+    assert cal.booked_until == 2 * SLOT
+    assert cal.book("deferred", calls=1, now=0.0, queued_calls=4) == Deferred(retry_after=4 * SLOT)

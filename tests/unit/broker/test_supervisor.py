@@ -124,6 +124,17 @@ def test_a_busy_loop_below_the_wedge_stays_healthy() -> None:
     assert watch.max_lag == pytest.approx(4.9)
 
 
+def test_every_tick_reports_how_late_it_ran_never_less_than_zero() -> None:
+    now = [0.0]
+    lags: list[float] = []
+    watch = LoopWatch(wedge_seconds=5.0, period=0.5, clock=lambda: now[0], on_lag=lags.append)
+    now[0] = 0.53
+    watch.tick(expected=0.5)
+    now[0] = 0.999  # a timer may fire a hair early
+    watch.tick(expected=1.0)
+    assert lags == [pytest.approx(0.03), 0.0]
+
+
 def test_a_ticker_that_stopped_is_unhealthy() -> None:
     now = [0.0]
     watch = LoopWatch(wedge_seconds=5.0, period=0.5, clock=lambda: now[0])
