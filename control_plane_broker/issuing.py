@@ -94,19 +94,26 @@ class TokenIssuer:
         headers: Mapping[str, str],
         *,
         caller_present: CallerPresent | None = None,
+        identity_checked: Callable[[], None] | None = None,
     ) -> IssuedToken:
         """`caller_present` tells whether the caller still waits (the HTTP connection is open).
         A request whose caller is gone before it is served costs nothing more (in a burst the
         loop reaches some only after their agents' timeout; proving their identity would fetch
         keys for nobody); a registration already begun goes on without the caller (the next
-        request needs only the token); a token is requested only for a caller still there."""
+        request needs only the token); a token is requested only for a caller still there.
+        `identity_checked` is called once the identity check is over, passed or not: the door
+        in front of the app (`api/door.py`) lets the next first contact in."""
         kyma_name = validate_runtime_id(runtime_id)
         if not self._cache.synced:
             raise NotReady("the Kyma cache has not synced yet", retry_after=2)
         if caller_present is not None and not await caller_present():
             raise CallerGone("the caller hung up before its request was served")
         # Identity before existence: who cannot prove to be this runtime learns nothing about it.
-        identity = await self._verifier.verify(runtime_id=runtime_id, headers=headers)
+        try:
+            identity = await self._verifier.verify(runtime_id=runtime_id, headers=headers)
+        finally:
+            if identity_checked is not None:
+                identity_checked()
         self._gate.check(kyma_name, identity, endpoint="token")
         kyma = check_token_allowed(
             self._cache.get(kyma_name),

@@ -76,6 +76,12 @@ class Metrics:
             "How late the event loop ran the latest of its twice-a-second timer ticks.",
             registry=r,
         )
+        self.door_waiting = Gauge(
+            "broker_first_contacts_waiting",
+            "Requests of runtimes not proven recently, waiting in front of the app for a place "
+            "(BROKER_FIRST_CONTACTS_IN_PROGRESS).",
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "broker_token_request_seconds", "Duration of token requests.", registry=r
         )
@@ -101,6 +107,10 @@ class Metrics:
     def watch_fleet(self, compute: Callable[[], Fleet]) -> None:
         """The fleet gauges come from `compute` (over the watch-fed view), called at scrape time."""
         self._fleet.compute = compute
+
+    def watch_door(self, compute: Callable[[], int]) -> None:
+        """Requests parked at the door in front of the app (`api/door.py`), read at scrape."""
+        self.door_waiting.set_function(compute)
 
     def watch_director(self, compute: Callable[[], GuardSnapshot]) -> None:
         """The Director admission gauges come from `compute`, called at scrape time."""

@@ -39,6 +39,13 @@ class Settings(BaseSettings):
     director_max_concurrency: int = Field(
         default=8, description="Global limit of Director calls in flight per replica."
     )
+    first_contacts_in_progress: int = Field(
+        default=32,
+        description="Requests of runtimes this replica has not proven recently that are worked "
+        "on at once; the others wait in arrival order in front of the app, costing no CPU "
+        "(a herd of first contacts must not stall the event loop).",
+        ge=1,
+    )
     director_queue_timeout_seconds: float = Field(
         default=10.0,
         description="Longest estimated wait for Director capacity a request is admitted with; "

@@ -27,6 +27,7 @@ import httpx
 
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.api.app import Health, create_app
+from control_plane_broker.api.door import Door
 from control_plane_broker.api.server import bind, build_server
 from control_plane_broker.connection import fleet
 from control_plane_broker.director.client import DirectorClient
@@ -295,13 +296,18 @@ async def run(  # noqa: PLR0915
         metrics.cache_synced.set(1 if kymas.synced else 0)
         return not problems, problems
 
-    app = create_app(
-        issuer=issuer,
-        reporter=reporter,
-        metrics=metrics,
-        health=Health(ready=ready, live=loop_watch.healthy),
-        jitter_max=settings.retry_after_jitter_seconds,
+    door = Door(
+        create_app(
+            issuer=issuer,
+            reporter=reporter,
+            metrics=metrics,
+            health=Health(ready=ready, live=loop_watch.healthy),
+            jitter_max=settings.retry_after_jitter_seconds,
+        ),
+        capacity=settings.first_contacts_in_progress,
+        is_known=verifier.proved_recently,
     )
+    metrics.watch_door(lambda: door.waiting)
 
     elector = LeaderElector(
         kcp,
@@ -346,7 +352,7 @@ async def run(  # noqa: PLR0915
     # after; one caller's p99 from 13-20 ms to under 10 ms.
     gc.freeze()
     sock = bind(settings.host, settings.port)
-    server = build_server(app, header_timeout=HEADER_TIMEOUT_SECONDS)
+    server = build_server(door, header_timeout=HEADER_TIMEOUT_SECONDS)
     loop = asyncio.get_running_loop()
     stop: Callable[[], None] = lambda: setattr(server, "should_exit", True)  # noqa: E731
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -34,6 +34,7 @@ from pydantic import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from control_plane_broker.api.door import leave_door
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for, type_uri
 from control_plane_broker.connection import Report
 from control_plane_broker.errors import BrokerError, InternalError, MalformedRequest
@@ -338,7 +339,10 @@ def create_app(
         with metrics.request_seconds.time():
             try:
                 issued = await issuer.issue(
-                    runtimeID, headers, caller_present=_still_connected(request)
+                    runtimeID,
+                    headers,
+                    caller_present=_still_connected(request),
+                    identity_checked=leave_door(request.scope),
                 )
             except BrokerError as exc:
                 metrics.token_requests.labels(exc.slug).inc()

@@ -4,7 +4,9 @@ wired by mode. Failures are counted by mode and reason and logged without the to
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
@@ -41,16 +43,35 @@ class XfccVerifier:
 
 
 class CountingVerifier:
-    """Wraps a verifier: counts and logs every failure reason (never the proof itself)."""
+    """Wraps a verifier: counts and logs every failure reason (never the proof itself), and
+    remembers which runtimes proved who they are recently (`proved_recently`): checking them
+    again needs no network (their keys or verdict are cached), which is all the door in front
+    of the app (`api/door.py`) asks. A hint for the order of work, never a verdict."""
 
-    def __init__(self, inner: Verifier, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        inner: Verifier,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        remember_seconds: float = 300.0,
+        remember_at_most: int = 50_000,
+    ) -> None:
         self._inner = inner
         self._metrics = metrics
+        self._clock = clock
+        self._remember_seconds = remember_seconds
+        self._remember_at_most = remember_at_most
+        self._proved_at: OrderedDict[str, float] = OrderedDict()  # oldest first
         self.mode = inner.mode
+
+    def proved_recently(self, runtime_id: str) -> bool:
+        proved_at = self._proved_at.get(runtime_id)
+        return proved_at is not None and self._clock() - proved_at < self._remember_seconds
 
     async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity:
         try:
-            return await self._inner.verify(runtime_id=runtime_id, headers=headers)
+            identity = await self._inner.verify(runtime_id=runtime_id, headers=headers)
         except (IdentityNotProven, IdentityForbidden) as exc:
             self._metrics.identity_failures.labels(self.mode, exc.reason).inc()
             log.info(
@@ -58,3 +79,8 @@ class CountingVerifier:
                 extra={"runtime_id": runtime_id, "mode": self.mode, "reason": exc.reason},
             )
             raise
+        self._proved_at.pop(runtime_id, None)
+        self._proved_at[runtime_id] = self._clock()
+        if len(self._proved_at) > self._remember_at_most:
+            self._proved_at.popitem(last=False)
+        return identity

@@ -217,6 +217,23 @@ async def test_identity_is_proven_before_the_kyma_is_looked_up() -> None:
     assert w.recorder.asked[-2:] == ["verify unknown-rt", "kyma unknown-rt"]
 
 
+async def test_the_door_is_told_when_the_identity_check_is_over_passed_or_not() -> None:
+    w = world()
+
+    def checked() -> None:
+        w.recorder.asked.append("identity checked")
+
+    w.recorder.proof_error = IdentityNotProven("bad proof", reason="invalid")
+    with pytest.raises(IdentityNotProven):
+        await w.issuer.issue("rt-1", HEADERS, identity_checked=checked)
+    assert w.recorder.asked == ["verify rt-1", "identity checked"]
+    w.recorder.proof_error = None
+    await w.issuer.issue("rt-1", HEADERS, identity_checked=checked)
+    # Told before anything else happens: the request may now wait for Director for long.
+    assert w.recorder.asked[2:4] == ["verify rt-1", "identity checked"]
+    assert len(w.recorder.asked) > 4
+
+
 async def test_policy_refusals_cost_no_capacity_and_no_rate() -> None:
     w = world(burst=1)
     w.recorder.kymas["rt-1"] = KymaView("rt-1", "kcp-system", "u", "1", {GA: "ga"})  # module off

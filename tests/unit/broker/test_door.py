@@ -1,0 +1,186 @@
+"""The door in front of the app: first contacts come in a few at a time, in arrival order, and
+leave their place when their identity check is over; known runtimes and other paths walk past."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from starlette.types import Message, Receive, Scope, Send
+
+from control_plane_broker.api.door import Door, leave_door
+from control_plane_broker.errors import IdentityNotProven
+from control_plane_broker.identity.claims import Identity
+from control_plane_broker.identity.verifier import CountingVerifier
+from control_plane_broker.metrics import Metrics
+from tests.unit.broker.conditions import until
+
+RUNTIME = "5A3C7E0E-7E7B-4C1B-9E0E-8B8B1C6F0A11"
+
+
+def http(path: str, method: str = "POST") -> Scope:
+    return {"type": "http", "method": method, "path": path}
+
+
+async def receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+async def send(_: Message) -> None:
+    return None
+
+
+class App:
+    """Each request waits until the test lets it go; records who got in, in what order."""
+
+    def __init__(self) -> None:
+        self.inside: list[str] = []
+        self.go: dict[str, asyncio.Event] = {}
+        self.leave: dict[str, Callable[[], None] | None] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        name = scope["path"]
+        self.inside.append(name)
+        self.leave[name] = leave_door(scope)
+        await self.go.setdefault(name, asyncio.Event()).wait()
+
+    def release(self, name: str) -> None:
+        self.go.setdefault(name, asyncio.Event()).set()
+
+
+def token_path(i: int) -> str:
+    return f"/v1/runtimes/{RUNTIME[:-2]}{i:02d}/token"
+
+
+async def test_unknown_runtimes_come_in_a_few_at_a_time_in_arrival_order() -> None:
+    app = App()
+    door = Door(app, capacity=2, is_known=lambda _: False)
+    tasks = []
+    for i in range(5):
+        tasks.append(asyncio.create_task(door(http(token_path(i)), receive, send)))
+        await asyncio.sleep(0)  # arrival order is creation order
+    await until(lambda: len(app.inside) == 2 and door.waiting == 3)
+    assert app.inside == [token_path(0), token_path(1)]
+    # The first leaves its place when its identity check is over, still inside the app: the
+    # next in line comes in although the first has not answered yet.
+    leave = app.leave[token_path(0)]
+    assert leave is not None
+    leave()
+    await until(lambda: len(app.inside) == 3)
+    assert app.inside[2] == token_path(2)
+    leave()  # a second call gives nothing more up
+    await asyncio.sleep(0.01)
+    assert len(app.inside) == 3
+    assert door.waiting == 2
+    # The second ends without calling it: its place is given up at the end of the request.
+    app.release(token_path(1))
+    await until(lambda: len(app.inside) == 4)
+    assert app.inside[3] == token_path(3)
+    for i in range(5):
+        app.release(token_path(i))
+    await asyncio.gather(*tasks)
+    assert app.inside == [token_path(i) for i in range(5)]
+    assert door.waiting == 0
+
+
+async def test_a_request_that_fails_inside_gives_its_place_up() -> None:
+    async def failing(scope: Scope, receive: Receive, send: Send) -> None:
+        raise RuntimeError("boom")
+
+    door = Door(failing, capacity=1, is_known=lambda _: False)
+    for _ in range(3):  # with the place lost, the second would wait forever
+        with pytest.raises(RuntimeError):
+            await asyncio.wait_for(door(http(token_path(0)), receive, send), timeout=1.0)
+
+
+async def test_a_request_cancelled_while_waiting_leaves_no_place_taken() -> None:
+    app = App()
+    door = Door(app, capacity=1, is_known=lambda _: False)
+    first = asyncio.create_task(door(http(token_path(0)), receive, send))
+    await until(lambda: len(app.inside) == 1)
+    waiting = asyncio.create_task(door(http(token_path(1)), receive, send))
+    await until(lambda: door.waiting == 1)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert door.waiting == 0
+    app.release(token_path(0))
+    await first
+    third = asyncio.create_task(door(http(token_path(2)), receive, send))
+    await until(lambda: token_path(2) in app.inside)
+    app.release(token_path(2))
+    await third
+
+
+async def test_known_runtimes_and_other_requests_walk_past_a_full_door() -> None:
+    app = App()
+    known = f"{RUNTIME[:-2]}99"
+    door = Door(app, capacity=1, is_known=lambda runtime_id: runtime_id == known)
+    held = asyncio.create_task(door(http(token_path(0)), receive, send))
+    await until(lambda: len(app.inside) == 1)
+    walk_past = [
+        http(f"/v1/runtimes/{known}/token"),
+        http(f"/v1/runtimes/{known}/connection"),
+        http("/healthz", method="GET"),
+        http("/metrics", method="GET"),
+        http(token_path(1), method="GET"),  # not the endpoint's method: the app answers it
+    ]
+    for scope in walk_past:
+        app.release(scope["path"])
+        await asyncio.wait_for(door(scope, receive, send), timeout=1.0)
+    assert door.waiting == 0
+    # They held no place: nothing to give up.
+    assert all(app.leave[scope["path"]] is None for scope in walk_past)
+    app.release(token_path(0))
+    await held
+
+
+async def test_a_report_of_an_unknown_runtime_waits_like_a_token_request() -> None:
+    app = App()
+    door = Door(app, capacity=1, is_known=lambda _: False)
+    held = asyncio.create_task(door(http(token_path(0)), receive, send))
+    await until(lambda: len(app.inside) == 1)
+    report = f"/v1/runtimes/{RUNTIME}/connection"
+    parked = asyncio.create_task(door(http(report), receive, send))
+    await until(lambda: door.waiting == 1)
+    assert report not in app.inside
+    app.release(token_path(0))
+    app.release(report)
+    await asyncio.gather(held, parked)
+    assert app.inside == [token_path(0), report]
+
+
+class Proves:
+    mode = "jwks"
+
+    def __init__(self) -> None:
+        self.ok = True
+
+    async def verify(self, *, runtime_id: str, headers: object) -> Identity:
+        if not self.ok:
+            raise IdentityNotProven("no", reason="invalid")
+        return Identity(runtime_id=runtime_id, subject="s", mode="jwks", expires_at=None)
+
+
+async def test_the_verifier_remembers_who_proved_recently_and_only_them() -> None:
+    now = [0.0]
+    inner = Proves()
+    verifier = CountingVerifier(
+        inner, Metrics(), clock=lambda: now[0], remember_seconds=300.0, remember_at_most=2
+    )
+    assert not verifier.proved_recently("a")
+    inner.ok = False
+    with pytest.raises(IdentityNotProven):
+        await verifier.verify(runtime_id="a", headers={})
+    assert not verifier.proved_recently("a")  # a failed proof is no reason to walk past
+    inner.ok = True
+    await verifier.verify(runtime_id="a", headers={})
+    assert verifier.proved_recently("a")
+    now[0] = 299.0
+    assert verifier.proved_recently("a")
+    now[0] = 300.0
+    assert not verifier.proved_recently("a")  # keys may have been rotated since
+    # Bounded: the oldest proof is forgotten first.
+    for runtime in ("a", "b", "c"):
+        await verifier.verify(runtime_id=runtime, headers={})
+    assert [verifier.proved_recently(r) for r in ("a", "b", "c")] == [False, True, True]
