@@ -558,6 +558,7 @@ class Bench:
             m = await fleet
         down_at = m.fleet.started_at
         calls = run.sim.calls  # Director and OAuth: both count as calls to Compass
+        write_calls(run.workdir / "compass-calls.csv", calls, down_at=down_at, up_at=up_at)
         during = [c.at for c in calls if down_at <= c.at < up_at]
         oauth_during = sum(1 for c in calls if c.endpoint == "oauth" and down_at <= c.at < up_at)
         after = [c for c in run.sim.director_calls if c.at >= up_at]
@@ -892,3 +893,17 @@ def label_value(labels: dict[str, Any], key: str) -> str | None:
     if isinstance(value, list):
         value = value[0] if value else None
     return None if value is None else str(value)
+
+
+def write_calls(path: Path, calls: Sequence[DirectorCall], *, down_at: float, up_at: float) -> None:
+    """Every call that reached Compass in an outage run, seconds from the moment it went down,
+    into the run's work folder (kept with --keep-workdir): which call broke a probe window."""
+    with path.open("w") as out:
+        out.write(f"# down at {down_at:.3f}, up at {up_at:.3f} (unix seconds)\n")
+        out.write("seconds_after_down,endpoint,operation,outcome,status,duration\n")
+        for c in sorted(calls, key=lambda c: c.at):
+            status = "" if c.status is None else c.status
+            out.write(
+                f"{c.at - down_at:.3f},{c.endpoint},{c.operation},{c.outcome},{status},"
+                f"{c.duration:.4f}\n"
+            )

@@ -1,8 +1,11 @@
 """OAuth2 client credentials for Director: one access token per process, refreshed before expiry.
 
 Holds: concurrent callers share one fetch, and its failure too (callers that waited for a fetch
-that failed do not each try again: in an outage that would be one call per waiter); the secret
-and the access token never reach a log.
+that failed do not each try again: in an outage that would be one call per waiter), and so do
+callers that arrive within `FAILURE_MEMORY_SECONDS` after it (a call that passed the circuit
+breaker just before that failure opened it must not call the token endpoint once more: measured,
+a second call 35 ms after the first of an outage); the secret and the access token never reach
+a log.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ def refresh_at(*, fetched_at: float, expires_in: float) -> float:
     return fetched_at + max(0.0, expires_in - margin)
 
 
+FAILURE_MEMORY_SECONDS = 0.5  # below any sensible time open of the breaker: probes go out
+
+
 class OAuthTokenSource:
     def __init__(
         self,
@@ -39,6 +45,7 @@ class OAuthTokenSource:
         self._refresh_at = 0.0
         self._lock = asyncio.Lock()
         self._failed: DirectorRetryable | DirectorPermanent | None = None  # the last fetch's
+        self._failed_at = 0.0
         self._fetched = 0  # fetches finished, so a waiter knows whether one ended while it waited
 
     def invalidate(self) -> None:
@@ -51,13 +58,16 @@ class OAuthTokenSource:
         async with self._lock:
             if self._token is not None and self._clock() < self._refresh_at:
                 return self._token
-            if self._failed is not None and self._fetched > arrived_after:
+            if self._failed is not None and (
+                self._fetched > arrived_after
+                or self._clock() - self._failed_at < FAILURE_MEMORY_SECONDS
+            ):
                 raise type(self._failed)(str(self._failed))
             try:
                 self._token, self._refresh_at = await self._fetch()
                 self._failed = None
             except (DirectorRetryable, DirectorPermanent) as exc:
-                self._failed = exc
+                self._failed, self._failed_at = exc, self._clock()
                 raise
             finally:
                 self._fetched += 1

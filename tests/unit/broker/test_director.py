@@ -502,8 +502,10 @@ async def test_a_call_that_finds_no_slot_in_time_is_refused_and_counted() -> Non
     [
         (cb.Breaker(), False, True, 0.0),
         (cb.Breaker(state=cb.State.OPEN, opened_at=100.0), False, False, 20.0),
-        (cb.Breaker(state=cb.State.HALF_OPEN, probe_in_flight=True), True, True, 30.0),
-        (cb.Breaker(state=cb.State.HALF_OPEN, probe_in_flight=True), False, False, 30.0),
+        # While the probe is out, its verdict is due soon: ask again in a second.
+        (cb.Breaker(state=cb.State.HALF_OPEN, probe_in_flight=True), True, True, 1.0),
+        (cb.Breaker(state=cb.State.HALF_OPEN, probe_in_flight=True), False, False, 1.0),
+        (cb.Breaker(state=cb.State.HALF_OPEN), True, True, 0.0),  # the next caller probes
     ],
 )
 def test_queued_call_rules(breaker: cb.Breaker, probe: bool, leaves: bool, wait: float) -> None:
@@ -514,7 +516,8 @@ def test_queued_call_rules(breaker: cb.Breaker, probe: bool, leaves: bool, wait:
 
 async def test_callers_waiting_for_a_failed_oauth_fetch_share_its_failure() -> None:
     """In an outage, the callers queued behind one failing token fetch must not each call the
-    token endpoint again; a caller arriving after that failure does try again."""
+    token endpoint again, nor one arriving just after it; a caller arriving a second after that
+    failure (half a second) does try again."""
     calls = 0
     answer = 503
 
@@ -527,11 +530,17 @@ async def test_callers_waiting_for_a_failed_oauth_fetch_share_its_failure() -> N
         return httpx.Response(200, json={"access_token": "a", "expires_in": 300})
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    source = OAuthTokenSource(http, CREDS, scope="s", clock=Clock())
+    clock = Clock()
+    source = OAuthTokenSource(http, CREDS, scope="s", clock=clock)
     results = await asyncio.gather(*(source.token() for _ in range(8)), return_exceptions=True)
     assert all(isinstance(r, DirectorRetryable) for r in results)
     assert calls == 1
     answer = 200
+    clock.now += 0.4  # passed the breaker before the failure opened it: told the failure
+    with pytest.raises(DirectorRetryable):
+        await source.token()
+    assert calls == 1
+    clock.now += 0.1
     assert await source.token() == "a"
     assert calls == 2
     await http.aclose()
