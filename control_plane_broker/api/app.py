@@ -218,7 +218,9 @@ class Health:
 
 
 class AccessLog:
-    """One log line per request: method, path, status, seconds; nothing else of the request."""
+    """One log line per request: method, path, status, seconds, and the Retry-After it was told
+    (when a herd comes back is what an operator asks after an outage); nothing else of the
+    request."""
 
     def __init__(self, app: ASGIApp) -> None:
         self._app = app
@@ -229,11 +231,15 @@ class AccessLog:
             return
         started = time.monotonic()
         status = 500
+        retry_after: str | None = None
 
         async def send_and_note(message: Message) -> None:
-            nonlocal status
+            nonlocal status, retry_after
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                for name, value in message.get("headers", ()):
+                    if name.lower() == b"retry-after":
+                        retry_after = value.decode("latin-1")
             await send(message)
 
         try:
@@ -246,6 +252,7 @@ class AccessLog:
                     "path": scope.get("path"),
                     "status": status,
                     "seconds": round(time.monotonic() - started, 4),
+                    **({"retry_after": retry_after} if retry_after is not None else {}),
                 },
             )
 

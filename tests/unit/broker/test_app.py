@@ -194,8 +194,9 @@ async def test_a_bug_ends_inside_the_app(caplog: pytest.LogCaptureFixture) -> No
     async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as client:
         r = await client.post("/v1/runtimes/rt-1/token", headers={"Authorization": "Bearer x"})
     assert r.status_code == 503
-    statuses = [getattr(rec, "status", None) for rec in caplog.records if rec.msg == "request"]
-    assert statuses == [503]
+    lines = [rec for rec in caplog.records if rec.msg == "request"]
+    assert [getattr(rec, "status", None) for rec in lines] == [503]
+    assert [getattr(rec, "retry_after", None) for rec in lines] == ["5"]  # when it comes back
     assert SECRET_TEXT not in caplog.text
 
 
