@@ -8,10 +8,11 @@ the event loop: measured at N = 5,000, that turn took 2 s, Director's calls in f
 it (their slots held, Director idle), and the requests parked deep in the app held 190 MB.
 
 So a pure ASGI layer in front of FastAPI parks the requests of runtimes the broker has not proven
-recently in arrival order, and lets `capacity` of them in at a time; each leaves its place as
-soon as its identity check is over (`leave_door` in the scope, called by the use case), not when
-its answer is sent: an admitted request may then wait for Director's capacity for seconds
-without holding the door. A parked request costs a task and a few frames, and no CPU.
+recently in arrival order, and lets `capacity` of them in at a time; a token request leaves its
+place as soon as its identity check is over (`leave_door` in the scope, called by the use case),
+not when its answer is sent (a connection report, which never waits for Director, at its end):
+an admitted request may then wait for Director's capacity for seconds without holding the
+door. A parked request costs a task and a few frames, and no CPU.
 
 Runtimes proven recently (`is_known`) walk past: checking them needs no network, and among them
 are the agents coming back on a booked turn, which must not queue behind the herd of first
