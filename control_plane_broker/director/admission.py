@@ -167,10 +167,10 @@ class Calendar:
         # `max_wait`); where its booking ends, which is where the next deferred turn starts, at
         # the pace ahead (see above), admitted or not.
         pace = self.seconds_per_call_ahead()
-        if not_before is None and self._admissible(now, queued_calls):
-            self.booked_until = max(self.booked_until, now + queued_calls * pace) + calls * pace
-            return Admitted()
         turn = max(self.booked_until, now + queued_calls * pace)
+        if not_before is None and self._admissible(now, queued_calls):
+            self.booked_until = turn + calls * pace
+            return Admitted()
         if not_before is not None:
             turn = max(turn, not_before)
         wait = turn - now

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
 from control_plane_broker.api.door import Door, leave_door
@@ -14,6 +15,7 @@ from control_plane_broker.errors import IdentityNotProven
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.identity.verifier import CountingVerifier
 from control_plane_broker.metrics import Metrics
+from control_plane_broker.settings import Settings
 from tests.unit.broker.conditions import until
 
 RUNTIME = "5A3C7E0E-7E7B-4C1B-9E0E-8B8B1C6F0A11"
@@ -184,3 +186,19 @@ async def test_the_verifier_remembers_who_proved_recently_and_only_them() -> Non
     for runtime in ("a", "b", "c"):
         await verifier.verify(runtime_id=runtime, headers={})
     assert [verifier.proved_recently(r) for r in ("a", "b", "c")] == [False, True, True]
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many", "1.5"])
+def test_a_door_without_places_or_a_garbled_size_is_refused_at_start(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BROKER_FIRST_CONTACTS_IN_PROGRESS", value)
+    with pytest.raises(ValidationError, match="first_contacts_in_progress"):
+        Settings()
+
+
+def test_the_door_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BROKER_FIRST_CONTACTS_IN_PROGRESS", "8")
+    assert Settings().first_contacts_in_progress == 8
+    monkeypatch.delenv("BROKER_FIRST_CONTACTS_IN_PROGRESS")
+    assert Settings().first_contacts_in_progress == 32
