@@ -4,6 +4,7 @@
     ├── TemporaryError              (retry_after: seconds or None; the caller may try again)
     │   ├── CompassUnavailable      503  Director/OAuth failing, breaker open, or limit reached
     │   ├── TurnBooked              503  Director's capacity is booked: come back at your turn
+    │   ├── FirstContactsBusy       503  too many first contacts wait at the door: come back later
     │   ├── RegistrationBusy        503  another replica holds the registration claim
     │   ├── NotReady                503  the Kyma cache has not synced yet
     │   ├── ControlPlaneUnavailable 503  the KCP API server could not be reached
@@ -71,6 +72,16 @@ class TurnBooked(TemporaryError):
     slug = "capacity-booked"
     status = 503
     title = "Compass capacity is booked; come back at the time in Retry-After"
+    spread = False
+
+
+class FirstContactsBusy(TemporaryError):
+    """More runtimes not proven recently wait at the door than it lets in before the agent's
+    timeout: answered at the door, before any work, with a turn spread over the queue."""
+
+    slug = "first-contacts-busy"
+    status = 503
+    title = "Too many runtimes are being checked; come back at the time in Retry-After"
     spread = False
 
 

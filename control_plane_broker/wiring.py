@@ -26,13 +26,14 @@ import certifi
 import httpx
 
 from control_plane_broker import circuit_breaker as cb
-from control_plane_broker.api.app import Health, create_app
+from control_plane_broker.api.app import AccessLog, Health, create_app
 from control_plane_broker.api.door import Door
 from control_plane_broker.api.server import bind, build_server
 from control_plane_broker.connection import fleet
 from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
+from control_plane_broker.errors import FirstContactsBusy
 from control_plane_broker.identity.deny_list import DenyListFile
 from control_plane_broker.identity.enrolment import EnrolmentVerifier
 from control_plane_broker.identity.jwks import JwksVerifier
@@ -296,6 +297,10 @@ async def run(  # noqa: PLR0915
         metrics.cache_synced.set(1 if kymas.synced else 0)
         return not problems, problems
 
+    def refused_at_door(endpoint: str) -> None:
+        counter = metrics.connection_reports if endpoint == "connection" else metrics.token_requests
+        counter.labels(FirstContactsBusy.slug).inc()
+
     door = Door(
         create_app(
             issuer=issuer,
@@ -303,9 +308,14 @@ async def run(  # noqa: PLR0915
             metrics=metrics,
             health=Health(ready=ready, live=loop_watch.healthy),
             jitter_max=settings.retry_after_jitter_seconds,
+            access_log=False,
         ),
         capacity=settings.first_contacts_in_progress,
         is_known=verifier.proved_recently,
+        # Half the Director queue's: what passes the door may still wait that long for Director,
+        # and both together must stay well inside the agent's 30 s timeout.
+        max_wait=settings.director_queue_timeout_seconds / 2,
+        on_refused=refused_at_door,
     )
     metrics.watch_door(lambda: door.waiting)
 
@@ -352,7 +362,7 @@ async def run(  # noqa: PLR0915
     # after; one caller's p99 from 13-20 ms to under 10 ms.
     gc.freeze()
     sock = bind(settings.host, settings.port)
-    server = build_server(door, header_timeout=HEADER_TIMEOUT_SECONDS)
+    server = build_server(AccessLog(door), header_timeout=HEADER_TIMEOUT_SECONDS)
     loop = asyncio.get_running_loop()
     stop: Callable[[], None] = lambda: setattr(server, "should_exit", True)  # noqa: E731
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -19,18 +19,37 @@ are the agents coming back on a booked turn, which must not queue behind the her
 contacts while Director waits for them. Being let past is a matter of order only: every request
 is checked in full inside.
 
+The line itself is bounded by time: an agent gives up after 30 s, and what waits at the door
+still has Director's queue ahead of it (measured on a slower machine, cold start at N = 5,000:
+the door let 135 first contacts a second through, the last of the herd waited past their timeout,
+934 agents hung up and asked again, and with two replicas 600 one-time tokens were requested for
+agents that had gone). So a newcomer whose place would come later than `max_wait` by the door's
+measured pace is answered at once, before any work: 503 `first-contacts-busy` with a turn
+(`Pace.turn_for`), the turns of the herd spread at the pace the door lets them through, so that
+they come back about as fast as they can be let in. A request still parked after twice
+`max_wait` (the pace was misjudged) is answered so too.
+
 Holds: every request that enters leaves its place exactly once (the use case's call, or the end
-of the request, whichever is first), also when it fails or its client hangs up; other paths and
-methods are never held; at most `capacity` unknown callers are inside at once.
+of the request, whichever is first), also when it fails or its client hangs up, or is answered at
+the door without having entered; other paths and methods are never held; at most `capacity`
+unknown callers are inside at once; by the measured pace none waits at the door longer than
+`max_wait`, and none longer than twice that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 import re
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from control_plane_broker.api.problems import MEDIA_TYPE, problem_for
+from control_plane_broker.errors import FirstContactsBusy
 
 LEAVE_KEY = "compass.leave_door"  # scope key of the callable that gives the place up
 _RUNTIME_PATH = re.compile(r"^/v1/runtimes/([^/]{1,64})/(?:token|connection)$")
@@ -42,11 +61,53 @@ def leave_door(scope: Scope) -> Callable[[], None] | None:
     return leave if callable(leave) else None
 
 
+@dataclass
+class Pace:
+    """How fast the door lets first contacts in, and the turns of those it sends away. Pure."""
+
+    capacity: int
+    max_wait: float
+    hold: float = 0.1  # seconds a place is held: a first guess, then measured
+    smoothing: float = 0.1
+    promised_until: float = 0.0  # where the last turn promised to a refused newcomer ends
+    longest_turn: float = 300.0  # the agent's longest backoff: no turn further out than that
+
+    def per_second(self) -> float:
+        return self.capacity / max(self.hold, 1e-3)
+
+    def turn_for(self, *, ahead: int, now: float) -> float | None:
+        """None: the newcomer waits in line (its place comes within `max_wait`). Otherwise the
+        seconds until its turn: after the line in front of it and after every turn promised
+        before, one place's worth apart, so that the refused come back at the door's pace.
+        Turns are promised, not reserved: a newcomer who comes back finds the line as it is."""
+        wait = ahead / self.per_second()
+        if wait <= self.max_wait:
+            return None
+        turn = min(max(self.promised_until, now + wait), now + self.longest_turn)
+        self.promised_until = turn + 1 / self.per_second()
+        return turn - now
+
+    def observe(self, held_seconds: float) -> None:
+        self.hold += self.smoothing * (max(held_seconds, 0.0) - self.hold)
+
+
 class Door:
-    def __init__(self, app: ASGIApp, *, capacity: int, is_known: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        capacity: int,
+        is_known: Callable[[str], bool],
+        max_wait: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_refused: Callable[[str], None] | None = None,
+    ) -> None:
         self._app = app
         self._places = asyncio.Semaphore(capacity)
         self._is_known = is_known
+        self._clock = clock
+        self._on_refused = on_refused  # told the endpoint ("token" or "connection")
+        self.pace = Pace(capacity=capacity, max_wait=max_wait)
         self.waiting = 0  # parked at the door now
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -54,23 +115,51 @@ class Door:
         if runtime_id is None or self._is_known(runtime_id):
             await self._app(scope, receive, send)
             return
+        turn = self.pace.turn_for(ahead=self.waiting, now=self._clock())
+        if turn is not None:
+            await self._refuse(scope, send, turn)
+            return
         self.waiting += 1
         try:
-            await self._places.acquire()
+            async with asyncio.timeout(2 * self.pace.max_wait):
+                await self._places.acquire()
+        except TimeoutError:
+            await self._refuse(scope, send, 1.0)
+            return
         finally:
             self.waiting -= 1
+        entered = self._clock()
         left = False
 
         def leave() -> None:
             nonlocal left
             if not left:
                 left = True
+                self.pace.observe(self._clock() - entered)
                 self._places.release()
 
         try:
             await self._app({**scope, LEAVE_KEY: leave}, receive, send)
         finally:
             leave()
+
+    async def _refuse(self, scope: Scope, send: Send, turn: float) -> None:
+        path = scope.get("path", "")
+        busy = FirstContactsBusy(
+            "more runtimes wait for their identity check than can be checked before they time out",
+            retry_after=turn,
+        )
+        problem = problem_for(busy, instance=path, jitter_max=0.0, rand=random.random)
+        body = json.dumps(problem.body).encode()
+        headers = [
+            (b"content-type", MEDIA_TYPE.encode()),
+            (b"content-length", str(len(body)).encode()),
+            *((name.lower().encode(), value.encode()) for name, value in problem.headers.items()),
+        ]
+        await send({"type": "http.response.start", "status": problem.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        if self._on_refused is not None:
+            self._on_refused(path.rsplit("/", 1)[-1])
 
 
 def _runtime_of(scope: Scope) -> str | None:

@@ -4,13 +4,14 @@ leave their place when their identity check is over; known runtimes and other pa
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
 import pytest
 from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
-from control_plane_broker.api.door import Door, leave_door
+from control_plane_broker.api.door import Door, Pace, leave_door
 from control_plane_broker.errors import IdentityNotProven
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.identity.verifier import CountingVerifier
@@ -202,3 +203,115 @@ def test_the_door_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatc
     assert Settings().first_contacts_in_progress == 8
     monkeypatch.delenv("BROKER_FIRST_CONTACTS_IN_PROGRESS")
     assert Settings().first_contacts_in_progress == 32
+
+
+def test_the_pace_lets_a_newcomer_wait_only_when_its_place_comes_within_max_wait() -> None:
+    pace = Pace(capacity=10, max_wait=5.0, hold=0.1)  # 100 a second
+    assert pace.per_second() == pytest.approx(100.0)
+    assert pace.turn_for(ahead=0, now=0.0) is None
+    assert pace.turn_for(ahead=500, now=0.0) is None  # 5 s: just in time
+    first = pace.turn_for(ahead=501, now=0.0)
+    assert first == pytest.approx(5.01)
+    # The refused are spread at the pace the door lets them in, not sent back at once.
+    second = pace.turn_for(ahead=501, now=0.0)
+    third = pace.turn_for(ahead=501, now=0.0)
+    assert second == pytest.approx(5.02)
+    assert third == pytest.approx(5.03)
+    # A line longer than what was promised puts the turn behind that line.
+    assert pace.turn_for(ahead=2_000, now=0.0) == pytest.approx(20.0)
+    # Turns are bounded by the agent's longest backoff, however long the line.
+    assert pace.turn_for(ahead=10**9, now=0.0) == pytest.approx(pace.longest_turn)
+    # Promised turns are not reservations: once they are past, a short line lets one wait.
+    assert pace.turn_for(ahead=3, now=400.0) is None
+
+
+def test_the_pace_follows_how_long_a_place_is_held() -> None:
+    pace = Pace(capacity=32, max_wait=5.0, hold=0.1)
+    for _ in range(100):
+        pace.observe(0.4)
+    assert pace.hold == pytest.approx(0.4, rel=1e-3)
+    assert pace.per_second() == pytest.approx(80.0, rel=1e-3)
+    # 80 a second for 5 s: the 401st in line would wait too long.
+    assert pace.turn_for(ahead=399, now=0.0) is None
+    assert pace.turn_for(ahead=401, now=0.0) is not None
+
+
+class Answers:
+    """What the door sent: status, headers and the problem body."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    async def __call__(self, message: Message) -> None:
+        self.messages.append(message)
+
+    @property
+    def status(self) -> int:
+        return int(self.messages[0]["status"])
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.messages[0]["headers"]}
+
+    @property
+    def body(self) -> dict[str, object]:
+        return dict(json.loads(self.messages[1]["body"]))
+
+
+async def test_a_newcomer_behind_a_line_too_long_for_its_timeout_is_answered_at_once() -> None:
+    app = App()
+    refused: list[str] = []
+    door = Door(app, capacity=1, is_known=lambda _: False, max_wait=1.5, on_refused=refused.append)
+    # One place held 1 s: 1 a second; with 2 in line a newcomer would wait 2 s.
+    door.pace.hold = 1.0
+    tasks = [asyncio.create_task(door(http(token_path(0)), receive, send))]
+    await until(lambda: len(app.inside) == 1)
+    for i in (1, 2):
+        tasks.append(asyncio.create_task(door(http(token_path(i)), receive, send)))
+        await until(lambda i=i: door.waiting == i)  # type: ignore[misc]
+    answers = Answers()
+    await asyncio.wait_for(door(http(token_path(3)), receive, answers), timeout=1.0)
+    assert token_path(3) not in app.inside  # no work done for it
+    assert answers.status == 503
+    assert answers.headers["content-type"] == "application/problem+json"
+    assert int(answers.headers["retry-after"]) >= 1
+    assert str(answers.body["type"]).endswith(":first-contacts-busy")
+    assert answers.body["instance"] == token_path(3)
+    assert refused == ["token"]
+    assert door.waiting == 2  # the line is as it was
+    for i in range(3):
+        app.release(token_path(i))
+    await asyncio.gather(*tasks)
+    assert app.inside == [token_path(i) for i in range(3)]
+
+
+async def test_a_newcomer_still_parked_after_twice_max_wait_is_answered_and_frees_nothing() -> None:
+    app = App()
+    door = Door(app, capacity=1, is_known=lambda _: False, max_wait=0.05)
+    held = asyncio.create_task(door(http(token_path(0)), receive, send))
+    await until(lambda: len(app.inside) == 1)
+    answers = Answers()
+    await asyncio.wait_for(door(http(token_path(1)), receive, answers), timeout=1.0)
+    assert answers.status == 503
+    assert door.waiting == 0
+    assert token_path(1) not in app.inside
+    # The place held inside is still held (the timeout took none): the next one waits for it.
+    app.release(token_path(0))
+    await held
+    follower = asyncio.create_task(door(http(token_path(2)), receive, send))
+    await until(lambda: token_path(2) in app.inside)
+    app.release(token_path(2))
+    await follower
+
+
+async def test_a_place_given_up_teaches_the_door_its_pace() -> None:
+    now = [0.0]
+    app = App()
+    door = Door(app, capacity=1, is_known=lambda _: False, clock=lambda: now[0])
+    door.pace.smoothing = 1.0
+    task = asyncio.create_task(door(http(token_path(0)), receive, send))
+    await until(lambda: len(app.inside) == 1)
+    now[0] = 0.75
+    app.release(token_path(0))
+    await task
+    assert door.pace.hold == pytest.approx(0.75)

@@ -481,7 +481,7 @@ def test_a_booked_turn_is_told_exactly_others_are_spread() -> None:
     )
     assert other.headers["Retry-After"] == "12"  # ceil(7.2 + 4.5)
     unspread = [c for c in ERRORS if issubclass(c, errors.TemporaryError) and not c.spread]
-    assert unspread == [errors.CompassDown, errors.TurnBooked]
+    assert unspread == [errors.CompassDown, errors.FirstContactsBusy, errors.TurnBooked]
 
 
 # --- Director error classification ---------------------------------------------------------------
