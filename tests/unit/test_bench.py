@@ -345,6 +345,17 @@ def test_a_run_that_did_not_connect_everyone_or_made_duplicates_is_not_met() -> 
     assert _status(r, "Cold start N = 1,000") == "not met"
 
 
+def test_fleets_below_the_issue_sizes_are_reference_rows_not_targets() -> None:
+    r = a_report()
+    r.runs.append(a_run(scenario="cold", n=100, ratio=1.4))
+    targets = [v.target for v in report.verdicts(r)]
+    assert not any(t.startswith("Cold start N = 100 ") for t in targets)
+    assert _status(r, "Cold start N = 1,000") == "met"
+    text = report.render(r)
+    assert "| 100 | 100 | 3.5 | 2.5 | 1.40x | reference |" in text
+    assert "| 1,000 | 1,000 | 30.0 | 25.0 | 1.20x | met |" in text
+
+
 def test_missing_scenarios_are_not_measured_rather_than_met() -> None:
     r = a_report()
     r.runs.clear()
