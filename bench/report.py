@@ -602,7 +602,9 @@ def render(report: BenchReport) -> str:
         f"{', '.join(f'{n:,}' for n in plan.sizes) or 'none'}; second table: L = "
         f"{plan.legacy_latency * 1000:.0f} ms at N = "
         f"{', '.join(f'{n:,}' for n in plan.legacy_sizes) or 'none'}",
-        f"- the broker's `BROKER_DIRECTOR_MAX_CONCURRENCY` = C, all other broker settings at "
+        f"- the broker's `BROKER_DIRECTOR_MAX_CONCURRENCY` = {plan.broker_concurrency} (a little "
+        "above C, as `docs/broker.md` advises: a call's time in transit would otherwise leave "
+        "Director's slots idle), all other broker settings at "
         "their defaults unless the notes say otherwise; agents: "
         f"{plan.fleet_processes} fleet process(es)",
         f"- each run may take max(10x bound, 300 s), at most {plan.max_run_seconds:,.0f} s "
@@ -697,9 +699,9 @@ def render(report: BenchReport) -> str:
         "",
         "## 5. Broker replicas sharing a cold start",
         "",
-        "Each replica limits itself to `BROKER_DIRECTOR_MAX_CONCURRENCY` = C calls, so together "
-        "they may send up to R·C; Director serves C at a time and queues the rest (the bound "
-        "is the same).",
+        f"Each replica limits itself to `BROKER_DIRECTOR_MAX_CONCURRENCY` = "
+        f"{plan.broker_concurrency} calls, so together they may send R times that; Director "
+        "serves C at a time and queues the rest (the bound is the same).",
         "",
     ]
     replicas = [r for r in report.runs if table_of(plan, r) == "replicas"]
@@ -980,10 +982,12 @@ def findings(report: BenchReport) -> list[str]:
             )
         if r.integrity.duplicates:
             out.append(f"{name}: {r.integrity.duplicates} DUPLICATE registration(s).")
-        if r.director.peak_in_flight > r.capacity:
+        sent_at_most = r.replicas * report.plan.broker_concurrency
+        if r.director.peak_in_flight > sent_at_most:
             out.append(
                 f"{name}: {r.director.peak_in_flight} Director calls were in flight at once, more "
-                f"than C = {r.capacity} (the simulator queues them)."
+                f"than the brokers may send ({r.replicas} x {report.plan.broker_concurrency}): "
+                "a call the broker gave up on was still inside Director."
             )
         if r.scenario == "outage" and r.breaker_opened_after is None:
             out.append(f"{name}: the breaker gauge was never seen open; {r.burst_rule}.")

@@ -244,6 +244,7 @@ class Plan:
     """The configuration measured (the CLI's choices, shown in the report and the JSON)."""
 
     capacity: int
+    broker_concurrency: int  # the brokers' BROKER_DIRECTOR_MAX_CONCURRENCY
     latency: float  # the primary configuration
     outage_seconds: float
     sizes: tuple[int, ...]  # primary cold start and outage

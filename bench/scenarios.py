@@ -188,7 +188,7 @@ class Bench:
                 sim=sim,
                 identity_mode=spec.identity_mode,
                 jwks_issuer_template=self.jwks_template,
-                max_concurrency=self.plan.capacity,
+                max_concurrency=self.plan.broker_concurrency,
                 overrides=self.config.broker_env,
                 cprofile_first=cprofile,
             )

@@ -22,6 +22,7 @@ from bench.results import (
 
 PLAN = Plan(
     capacity=8,
+    broker_concurrency=10,
     latency=0.1,
     outage_seconds=60.0,
     sizes=(100, 1000),
