@@ -40,14 +40,22 @@ def parse_request_counts(metrics_text: str) -> dict[str, int]:
 
 def gauge_value(metrics_text: str, name: str) -> float | None:
     """The value of an unlabelled sample `name value`, None when it is not there."""
+    return unlabelled_samples(metrics_text).get(name)
+
+
+def unlabelled_samples(metrics_text: str) -> dict[str, float]:
+    """Every unlabelled sample `name value` of one scrape, read in one pass: a poll that wants
+    several gauges parses the text once. A value that is not a number is left out."""
+    samples: dict[str, float] = {}
     for line in metrics_text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0] == name:
-            try:
-                return float(parts[1])
-            except ValueError:
-                return None
-    return None
+        if len(parts) != 2 or line.startswith("#"):
+            continue
+        try:
+            samples.setdefault(parts[0], float(parts[1]))
+        except ValueError:
+            continue
+    return samples
 
 
 def delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:

@@ -19,7 +19,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,7 +42,7 @@ from bench.profiling import (
     summarise_cprofile,
 )
 from bench.progress import Progress
-from bench.prometheus import KcpRequests, delta, gauge_value
+from bench.prometheus import KcpRequests, delta, unlabelled_samples
 from bench.results import (
     CpuUse,
     DirectorCounts,
@@ -261,11 +261,19 @@ class Bench:
                     await run.sim.poll_calls(http)
                 except httpx.HTTPError as exc:  # the simulator is busy: read it next time
                     self.progress.say(f"{run.spec.label}: reading the simulator failed ({exc!r})")
-                if watch_breaker and run.breaker_opened_at is None:
-                    await self._watch_breaker(http, run)
-                if time.time() >= next_admission_sample:
-                    next_admission_sample = time.time() + ADMISSION_SAMPLE_SECONDS
-                    await self._sample_admission(http, run)
+                now = time.time()
+                want_breaker = watch_breaker and run.breaker_opened_at is None
+                want_sample = now >= next_admission_sample
+                if want_sample:
+                    next_admission_sample = now + ADMISSION_SAMPLE_SECONDS
+                if want_breaker or want_sample:
+                    # One scrape per broker feeds both readers: a broker busy with the herd
+                    # answers each extra /metrics request between its runtimes' requests.
+                    scrapes = await self._scrape_brokers(http, run)
+                    if want_breaker:
+                        run.breaker_opened_at = breaker_opened_at(scrapes.values(), time.time())
+                    if want_sample:
+                        self._sample_admission(run, scrapes)
 
                 def line() -> str:
                     top = ", ".join(f"{k}: {v}" for k, v in result.attempts.most_common(3))
@@ -279,35 +287,29 @@ class Bench:
                     await asyncio.wait_for(stop.wait(), 0.5)
             await run.sim.poll_calls(http)
 
-    async def _sample_admission(self, http: httpx.AsyncClient, run: Run) -> None:
-        """Appends each broker's Director admission gauges to `admission-<i>.csv` in the run's
-        work folder (kept with --keep-workdir): why Director idled, when a run was slow."""
+    @staticmethod
+    async def _scrape_brokers(http: httpx.AsyncClient, run: Run) -> dict[int, dict[str, float]]:
+        """Each broker's unlabelled samples by its index; a busy broker is left out (asked again
+        at the next poll)."""
+        scrapes: dict[int, dict[str, float]] = {}
         for index, broker in enumerate(run.brokers):
             try:
                 response = await http.get(f"{broker.url}/metrics", timeout=2.0)
             except httpx.HTTPError:
                 continue
+            scrapes[index] = unlabelled_samples(response.text)
+        return scrapes
+
+    @staticmethod
+    def _sample_admission(run: Run, scrapes: Mapping[int, Mapping[str, float]]) -> None:
+        """Appends each broker's Director admission gauges to `admission-<i>.csv` in the run's
+        work folder (kept with --keep-workdir): why Director idled, when a run was slow."""
+        for index, samples in scrapes.items():
             path = run.workdir / f"admission-{index}.csv"
-            values = [gauge_value(response.text, name) for name in ADMISSION_GAUGES]
             with path.open("a") as out:
                 if out.tell() == 0:
                     out.write(",".join(["unix_seconds", *ADMISSION_GAUGES]) + "\n")
-                cells = ["" if v is None else f"{v:g}" for v in values]
-                out.write(",".join([f"{time.time():.1f}", *cells]) + "\n")
-
-    async def _watch_breaker(self, http: httpx.AsyncClient, run: Run) -> None:
-        for broker in run.brokers:
-            try:
-                response = await http.get(f"{broker.url}/metrics", timeout=2.0)
-            except httpx.HTTPError:
-                continue  # a busy broker: ask again next time
-            if gauge_value(response.text, BREAKER_GAUGE) == 1.0:
-                # The broker's own moment: polling alone lands up to a poll period (plus the
-                # scrape) late, and a call of the opening burst then counted as a probe.
-                opened = gauge_value(response.text, BREAKER_OPENED_GAUGE)
-                now = time.time()
-                run.breaker_opened_at = opened if opened and opened <= now else now
-                return
+                out.write(admission_row(samples, time.time()) + "\n")
 
     async def _fleet(
         self,
@@ -827,6 +829,24 @@ class LoadPhase:
     figures: LatencyFigures
     started_wall: float
     ended_wall: float
+
+
+def breaker_opened_at(scrapes: Iterable[Mapping[str, float]], now: float) -> float | None:
+    """When the first broker whose breaker is open says it opened, None while all are closed.
+    The broker's own moment: polling alone lands up to a poll period (plus the scrape) late, and
+    a call of the opening burst then counted as a probe. A moment in the future (a clock that
+    jumped, a hostile gauge) or none at all falls back to `now`."""
+    for samples in scrapes:
+        if samples.get(BREAKER_GAUGE) == 1.0:
+            opened = samples.get(BREAKER_OPENED_GAUGE)
+            return opened if opened and opened <= now else now
+    return None
+
+
+def admission_row(samples: Mapping[str, float], now: float) -> str:
+    """One CSV row of `admission-<i>.csv`: the time, then ADMISSION_GAUGES (empty: missing)."""
+    cells = ["" if (v := samples.get(name)) is None else f"{v:g}" for name in ADMISSION_GAUGES]
+    return ",".join([f"{now:.1f}", *cells])
 
 
 def broker_setting(name: str, fallback: float) -> float:

@@ -4,6 +4,7 @@ the plan of runs, profiles, tokens, the report and the JSON. No processes, no ne
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +27,20 @@ from bench.procs import (
     process_role,
 )
 from bench.profiling import ProfileSummary, frame_name, profiled_run, summarise_collapsed
-from bench.prometheus import KcpRequests, delta, gauge_value, parse_request_counts
+from bench.prometheus import (
+    KcpRequests,
+    delta,
+    gauge_value,
+    parse_request_counts,
+    unlabelled_samples,
+)
+from bench.scenarios import (
+    ADMISSION_GAUGES,
+    BREAKER_GAUGE,
+    BREAKER_OPENED_GAUGE,
+    admission_row,
+    breaker_opened_at,
+)
 from tests.unit.bench_fixtures import a_report, a_run
 
 
@@ -222,6 +236,44 @@ def test_gauge_value_reads_one_unlabelled_sample() -> None:
     text = "# HELP broker_circuit_breaker_open x\nbroker_circuit_breaker_open 1.0\nother 2\n"
     assert gauge_value(text, "broker_circuit_breaker_open") == 1.0
     assert gauge_value(text, "missing") is None
+
+
+def test_one_scrape_yields_every_unlabelled_sample_and_skips_the_rest() -> None:
+    text = (
+        "# HELP broker_director_calls_in_flight x\n"
+        "# TYPE broker_director_calls_in_flight gauge\n"
+        "broker_director_calls_in_flight 3.0\n"
+        'broker_requests_total{code="201"} 7\n'
+        "broker_event_loop_lag_seconds NaN\n"
+        "broken_sample not-a-number\n"
+        "broker_director_calls_in_flight 9.0\n"
+    )
+    samples = unlabelled_samples(text)
+    assert samples["broker_director_calls_in_flight"] == 3.0  # the first one counts
+    assert "broker_requests_total" not in samples
+    assert "broken_sample" not in samples
+    assert math.isnan(samples["broker_event_loop_lag_seconds"])
+    assert "#" not in samples
+
+
+def test_breaker_opened_at_takes_the_first_open_brokers_own_moment() -> None:
+    closed = {BREAKER_GAUGE: 0.0, BREAKER_OPENED_GAUGE: 90.0}
+    opened = {BREAKER_GAUGE: 1.0, BREAKER_OPENED_GAUGE: 95.0}
+    assert breaker_opened_at([closed], now=100.0) is None
+    assert breaker_opened_at([], now=100.0) is None
+    assert breaker_opened_at([closed, opened], now=100.0) == 95.0
+    # No moment, or one the poll has not reached yet: the poll's own time.
+    assert breaker_opened_at([{BREAKER_GAUGE: 1.0}], now=100.0) == 100.0
+    assert breaker_opened_at([{BREAKER_GAUGE: 1.0, BREAKER_OPENED_GAUGE: 1e12}], now=100.0) == 100.0
+
+
+def test_admission_row_keeps_the_columns_when_gauges_are_missing() -> None:
+    row = admission_row({ADMISSION_GAUGES[0]: 4.0, ADMISSION_GAUGES[-1]: 0.25}, now=12.34)
+    cells = row.split(",")
+    assert len(cells) == 1 + len(ADMISSION_GAUGES)
+    assert cells[:2] == ["12.3", "4"]
+    assert cells[-1] == "0.25"
+    assert cells[2:-1] == [""] * (len(ADMISSION_GAUGES) - 2)
 
 
 def test_collapsed_stacks_give_own_time_and_the_innermost_broker_frame() -> None:
