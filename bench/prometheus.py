@@ -1,5 +1,6 @@
 """Figures read from Prometheus text: requests a kube-apiserver served, from its own
-`/metrics` (`apiserver_request_total`), and single gauges of the broker's `/metrics`.
+`/metrics` (`apiserver_request_total`), and the unlabelled samples (gauges) of the broker's
+`/metrics`.
 
 Holds: the count is what the API server saw, whoever sent it, so a phase's delta counts the
 broker's requests only while nothing else talks to that API server (the benchmark does not
@@ -36,11 +37,6 @@ def parse_request_counts(metrics_text: str) -> dict[str, int]:
         key = f"{labels.get('verb', '?')} {resource}{'/' + sub if sub else ''}"
         counts[key] = counts.get(key, 0) + int(float(match["value"]))
     return counts
-
-
-def gauge_value(metrics_text: str, name: str) -> float | None:
-    """The value of an unlabelled sample `name value`, None when it is not there."""
-    return unlabelled_samples(metrics_text).get(name)
 
 
 def unlabelled_samples(metrics_text: str) -> dict[str, float]:

@@ -30,7 +30,6 @@ from bench.profiling import ProfileSummary, frame_name, profiled_run, summarise_
 from bench.prometheus import (
     KcpRequests,
     delta,
-    gauge_value,
     parse_request_counts,
     unlabelled_samples,
 )
@@ -232,10 +231,10 @@ def test_apiserver_request_counts_by_verb_and_resource_without_non_resource_urls
     assert (kcp.events_created, kcp.events_updated) == (0, 5)
 
 
-def test_gauge_value_reads_one_unlabelled_sample() -> None:
+def test_unlabelled_samples_reads_a_gauge() -> None:
     text = "# HELP broker_circuit_breaker_open x\nbroker_circuit_breaker_open 1.0\nother 2\n"
-    assert gauge_value(text, "broker_circuit_breaker_open") == 1.0
-    assert gauge_value(text, "missing") is None
+    assert unlabelled_samples(text).get("broker_circuit_breaker_open") == 1.0
+    assert unlabelled_samples(text).get("missing") is None
 
 
 def test_one_scrape_yields_every_unlabelled_sample_and_skips_the_rest() -> None:
