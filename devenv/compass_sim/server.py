@@ -109,11 +109,16 @@ class CompassSimulator:
             store=self.store,
             ca=self.ca,
             clock=self.clock,
-            urls=lambda: ConnectorUrls(
-                director=f"{self.public_url}/director/graphql",
-                certificate_secured_connector=f"{self.public_url}/connector/graphql",
+            urls=lambda: (
+                self.certificate_secured
+                or ConnectorUrls(
+                    director=f"{self.public_url}/director/graphql",
+                    certificate_secured_connector=f"{self.public_url}/connector/graphql",
+                )
             ),
         )
+        # Set by `mtls.CertificateSecuredCompass` while it serves: runtimes then get its URLs.
+        self.certificate_secured: ConnectorUrls | None = None
         self.capacity = CapacityGate(config.initial_faults.max_concurrent_director_requests)
 
         self._host: str | None = None
