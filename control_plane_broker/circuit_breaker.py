@@ -5,7 +5,10 @@ open --(open_seconds elapsed, next caller)--> half-open (exactly one probe admit
 half-open --success--> closed;  half-open --failure--> open (timer restarts)
 
 Invariants: while open, `admit` refuses every call; in half-open at most one call is in flight.
-Permanent failures are not outages: they count as successes for the breaker.
+Permanent failures are not outages: they count as successes for the breaker. Director's internal
+errors (code 10) name no cause: one counts as a failure only when it is about a runtime that has
+not failed so in the current run of failures (`record_ambiguous`), so one broken runtime asking
+again and again never opens the breaker, while a database failing every runtime does.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class Breaker:
     failures: int = 0
     opened_at: float = 0.0
     probe_in_flight: bool = False
+    # The runtimes whose internal errors are counted in `failures`: at most the threshold.
+    suspects: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,18 @@ def record_success(breaker: Breaker) -> Breaker:
 def release_probe(breaker: Breaker) -> Breaker:
     """The probe ended without a verdict (cancelled): let the next caller probe."""
     return replace(breaker, probe_in_flight=False)
+
+
+def record_ambiguous(breaker: Breaker, policy: BreakerPolicy, now: float, subject: str) -> Breaker:
+    """Director's internal error for `subject`: a failure only the first time in this run."""
+    if breaker.state is State.HALF_OPEN:
+        return record_failure(breaker, policy, now)  # the probe failed, whatever the cause
+    if subject in breaker.suspects:
+        return breaker  # the same runtime failing again says nothing new about Director
+    after = record_failure(breaker, policy, now)
+    if after.state is State.OPEN:
+        return replace(after, suspects=frozenset())  # the run is over: the breaker opened
+    return replace(after, suspects=breaker.suspects | {subject})
 
 
 def record_failure(breaker: Breaker, policy: BreakerPolicy, now: float) -> Breaker:

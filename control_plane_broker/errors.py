@@ -3,6 +3,7 @@
     BrokerError
     ├── TemporaryError              (retry_after: seconds or None; the caller may try again)
     │   ├── CompassUnavailable      503  Director/OAuth failing, breaker open, or limit reached
+    │   ├── CompassFailed           502  Director failed this request with its internal error
     │   ├── TurnBooked              503  Director's capacity is booked: come back at your turn
     │   ├── FirstContactsBusy       503  too many first contacts wait at the door: come back later
     │   ├── RegistrationBusy        503  another replica holds the registration claim
@@ -23,6 +24,7 @@
         ├── ModuleNotEnabled        409  the application-connector module is off
         ├── KymaDeleting            409  the Kyma has a deletion timestamp
         ├── KymaIncomplete          409  the Kyma lacks the labels registration needs
+        ├── CompassTenantUnknown    409  Compass knows no such global account or subaccount
         └── CompassRejected         502  Director refused the request for good
 
 Adapters translate library errors into these once (`raise ... from exc`); the HTTP layer maps
@@ -66,6 +68,16 @@ class CompassDown(CompassUnavailable):
     """The breaker is open; Retry-After is this runtime's booked turn after the next probe."""
 
     spread = False
+
+
+class CompassFailed(TemporaryError):
+    """Director answered with its internal error (code 10), which it gives to a database
+    failure and to many permanent mistakes alike: not an outage, not a refusal for good. 502
+    without Retry-After, so the agent backs off to its cap (`director.errors` has the evidence)."""
+
+    slug = "compass-failed"
+    status = 502
+    title = "Compass failed to carry out the request"
 
 
 class TurnBooked(TemporaryError):
@@ -220,6 +232,21 @@ class KymaIncomplete(PermanentError):
     slug = "kyma-incomplete"
     status = 409
     title = "The Kyma lacks data needed for registration"
+
+
+class CompassTenantUnknown(PermanentError):
+    """Director does not know the global account or the subaccount the Kyma names. Asking again
+    costs Director nothing until the Kyma's labels change or the recheck period passes (a
+    subaccount appears once Compass's tenant fetcher syncs it)."""
+
+    slug = "compass-tenant-unknown"
+    status = 409
+    title = "Compass does not know the Kyma's global account or subaccount"
+
+    def __init__(self, message: str, *, label: str, value: str) -> None:
+        super().__init__(message)
+        self.label = label
+        self.value = value
 
 
 class CompassRejected(PermanentError):

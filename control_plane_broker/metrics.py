@@ -30,7 +30,8 @@ class Metrics:
         )
         self.breaker_state = Gauge(
             "broker_circuit_breaker_open",
-            "1 while the Director breaker is open or half-open.",
+            "1 while the Director breaker refuses calls (open, or half-open with its probe out), "
+            "judged at scrape time.",
             registry=r,
         )
         # When the outage was noticed, to the moment: a scrape of the gauge above says only
@@ -119,8 +120,13 @@ class Metrics:
     def on_kube_request(self, verb: str, _status: int | None) -> None:
         self.kube_requests.labels(verb).inc()
 
+    def watch_breaker(self, refusing: Callable[[], bool]) -> None:
+        """The breaker gauge comes from `refusing`, asked at scrape time: the breaker's state
+        changes only when a call arrives, and a gauge set then stayed 1 long after the open
+        period ended when no call came."""
+        self.breaker_state.set_function(lambda: 1.0 if refusing() else 0.0)
+
     def on_breaker_state(self, state: str) -> None:
-        self.breaker_state.set(0 if state == "closed" else 1)
         if state == "open":
             self.breaker_opened_at.set_to_current_time()
 

@@ -150,6 +150,7 @@ async def run(  # noqa: PLR0915
         on_state=metrics.on_breaker_state,
     )
     metrics.watch_director(guard.snapshot)
+    metrics.watch_breaker(guard.refusing)
     oauth = OAuthTokenSource(oauth_http, credentials, scope=settings.director_scope, clock=mono)
     # Director calls share the main loop. A loop in a thread of its own (tried at e0d3a89) held
     # Director's slots shorter at N = 1,000, but at N = 5,000 the two threads' contention for

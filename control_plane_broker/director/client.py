@@ -76,6 +76,8 @@ class DirectorApi(Protocol):
         self, *, tenant: str, runtime_id: str, key: str, value: Any
     ) -> None: ...
 
+    async def runtime(self, *, tenant: str, runtime_id: str) -> DirectorRuntime | None: ...
+
 
 class DirectorClient:
     def __init__(
@@ -98,10 +100,14 @@ class DirectorClient:
         *,
         tenant: str,
         operation: str,
+        subject: str,
         follow_up: bool = False,
         then: int = 0,
         caller_present: CallerPresent | None = None,
     ) -> dict[str, Any]:
+        """`subject`: the runtime the call is about (its Compass ID, name or label value), so
+        the breaker can tell one runtime's internal errors from Director's."""
+
         async def attempt() -> dict[str, Any]:
             for second_try in (False, True):
                 try:
@@ -125,7 +131,11 @@ class DirectorClient:
             raise AssertionError("unreachable")
 
         return await self._guard.call(
-            attempt, follow_up=follow_up, then=then, caller_present=caller_present
+            attempt,
+            subject=subject,
+            follow_up=follow_up,
+            then=then,
+            caller_present=caller_present,
         )
 
     @staticmethod
@@ -144,7 +154,9 @@ class DirectorClient:
         if errors:
             message += ": " + "; ".join(e.message[:200] for e in errors[:3])
         problem = classify(
-            status=response.status_code, codes=[e.code for e in errors], message=message
+            status=response.status_code,
+            errors=[(e.code, e.message) for e in errors],
+            message=message,
         )
         if problem is not None:
             raise problem
@@ -168,6 +180,7 @@ class DirectorClient:
                 },
                 tenant=tenant,
                 operation="runtimes",
+                subject=value,
             )
             page = parse_field(data, "runtimes", RuntimePage, "runtimes")
             found.extend(page.data)
@@ -182,6 +195,7 @@ class DirectorClient:
             {"in": spec.model_dump(exclude_none=True)},
             tenant=tenant,
             operation="registerRuntime",
+            subject=spec.name,
             then=1,  # the token of the request that registers
         )
         return parse_field(data, "registerRuntime", DirectorRuntime, "registerRuntime")
@@ -194,6 +208,7 @@ class DirectorClient:
                 {"id": runtime_id},
                 tenant=tenant,
                 operation="unregisterRuntime",
+                subject=runtime_id,
             )
         except DirectorNotFound:
             return False
@@ -216,6 +231,7 @@ class DirectorClient:
             {"id": runtime_id},
             tenant=tenant,
             operation=op,
+            subject=runtime_id,
             follow_up=follow_up,
             caller_present=caller_present,
         )
@@ -229,4 +245,18 @@ class DirectorClient:
             {"runtimeID": runtime_id, "key": key, "value": value},
             tenant=tenant,
             operation="setRuntimeLabel",
+            subject=runtime_id,
         )
+
+    async def runtime(self, *, tenant: str, runtime_id: str) -> DirectorRuntime | None:
+        """The runtime, or None when Director has no such runtime in this tenant."""
+        data = await self._execute(
+            docs.RUNTIME_BY_ID,
+            {"id": runtime_id},
+            tenant=tenant,
+            operation="runtime",
+            subject=runtime_id,
+        )
+        if data.get("runtime") is None:
+            return None
+        return parse_field(data, "runtime", DirectorRuntime, "runtime")

@@ -23,6 +23,12 @@ mutation RegisterRuntime($in: RuntimeRegisterInput!) {{
 }}
 """
 
+RUNTIME_BY_ID = f"""
+query Runtime($id: ID!) {{
+  runtime(id: $id) {{ {RUNTIME_FIELDS} }}
+}}
+"""
+
 UNREGISTER_RUNTIME = """
 mutation UnregisterRuntime($id: ID!) {
   unregisterRuntime(id: $id) { id }
@@ -44,6 +50,7 @@ mutation SetRuntimeLabel($runtimeID: ID!, $key: String!, $value: Any!) {
 ALL_DOCUMENTS: dict[str, str] = {
     "RuntimesByLabel": RUNTIMES_BY_LABEL,
     "RegisterRuntime": REGISTER_RUNTIME,
+    "Runtime": RUNTIME_BY_ID,
     "UnregisterRuntime": UNREGISTER_RUNTIME,
     "RequestOneTimeTokenForRuntime": REQUEST_OTT,
     "SetRuntimeLabel": SET_RUNTIME_LABEL,

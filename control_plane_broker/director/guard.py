@@ -21,16 +21,19 @@ import heapq
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director.admission import Admitted, Calendar, GuardSnapshot, advise
-from control_plane_broker.director.errors import DirectorRetryable
+from control_plane_broker.director.errors import DirectorFailed, DirectorRetryable
 from control_plane_broker.errors import CallerGone, CompassDown, CompassUnavailable, TurnBooked
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# What a call's end says about Director: it answered, it is failing, or an internal error that
+# may be either (see `director.errors`).
+Verdict = Literal["healthy", "outage", "ambiguous"]
 # Asked once a call holds a slot, right before it leaves: False when nobody waits for the answer.
 CallerPresent = Callable[[], Awaitable[bool]]
 
@@ -114,6 +117,11 @@ class DirectorGuard:
     def state(self) -> cb.State:
         return self._breaker.state
 
+    def refusing(self) -> bool:
+        """Would a call be refused now? Judged at this moment, also when no call has arrived
+        since the open period ended (the breaker moves only when one does)."""
+        return cb.would_refuse(self._breaker, self._policy, self._clock())
+
     def snapshot(self) -> GuardSnapshot:
         calendar = self.calendar
         return GuardSnapshot(
@@ -164,18 +172,20 @@ class DirectorGuard:
         self,
         fn: Callable[[], Awaitable[T]],
         *,
+        subject: str = "",
         follow_up: bool = False,
         then: int = 0,
         caller_present: CallerPresent | None = None,
     ) -> T:
-        """`follow_up`: this call continues a request that already spent a Director call.
+        """`subject`: the runtime the call is about (see `cb.record_ambiguous`).
+        `follow_up`: this call continues a request that already spent a Director call.
         `then`: how many follow-up calls the request makes after this one succeeds."""
         breaker, admission = cb.admit(self._breaker, self._policy, self._clock())
         self._set(breaker)
         if not admission.allowed:
             raise CompassUnavailable("circuit breaker open", retry_after=admission.retry_after)
         probe = breaker.state is cb.State.HALF_OPEN
-        verdict: bool | None = None  # True healthy, False outage, None no verdict
+        verdict: Verdict | None = None  # None: no verdict on Director
         self._owed_follow_ups += then
         try:
             try:
@@ -210,24 +220,29 @@ class DirectorGuard:
                 self.calendar.observe(self._clock() - started)
             finally:
                 self._slots.release()
-            verdict = True
+            verdict = "healthy"
             return result
         except DirectorRetryable:
-            verdict = False
+            verdict = "outage"
+            raise
+        except DirectorFailed:
+            verdict = "ambiguous"
             raise
         except (CompassUnavailable, CallerGone):
             raise  # our own queue timeout, breaker or a caller gone: no verdict on Director
         except Exception:
-            verdict = True  # a permanent answer: Director is up and talking
+            verdict = "healthy"  # a permanent answer: Director is up and talking
             raise
         finally:
             self._owed_follow_ups -= then
-            self._settle(verdict, probe=probe)
+            self._settle(verdict, probe=probe, subject=subject)
 
-    def _settle(self, verdict: bool | None, *, probe: bool) -> None:
-        if verdict is False:
+    def _settle(self, verdict: Verdict | None, *, probe: bool, subject: str) -> None:
+        if verdict == "outage":
             self._set(cb.record_failure(self._breaker, self._policy, self._clock()))
-        elif verdict is True and self._breaker.state is not cb.State.OPEN:
+        elif verdict == "ambiguous":
+            self._set(cb.record_ambiguous(self._breaker, self._policy, self._clock(), subject))
+        elif verdict == "healthy" and self._breaker.state is not cb.State.OPEN:
             self._set(cb.record_success(self._breaker))
         elif verdict is None and probe and self._breaker.state is cb.State.HALF_OPEN:
             # The probe was cancelled or timed out in the queue: let the next caller probe.

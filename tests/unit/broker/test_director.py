@@ -21,8 +21,10 @@ from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director import documents
 from control_plane_broker.director.client import MAX_PAGES, DirectorClient
 from control_plane_broker.director.errors import (
+    DirectorFailed,
     DirectorPermanent,
     DirectorRetryable,
+    DirectorTenantUnknown,
     may_have_reached_director,
 )
 from control_plane_broker.director.guard import DirectorGuard
@@ -155,10 +157,10 @@ def test_refresh_at() -> None:
         (httpx.Response(503), DirectorRetryable),
         (httpx.Response(429), DirectorRetryable),
         (httpx.ConnectError("boom"), DirectorRetryable),
-        (gql_error(10), DirectorRetryable),
+        (gql_error(10), DirectorFailed),
         (gql_error(35), DirectorRetryable),
         (gql_error(22), DirectorPermanent),
-        (gql_error(25), DirectorPermanent),
+        (gql_error(25), DirectorTenantUnknown),
     ],
 )
 async def test_errors_classified(
@@ -202,20 +204,33 @@ async def test_breaker_opens_and_makes_no_call_until_probe() -> None:
     await http.aclose()
 
 
-def test_breaker_metrics_tell_the_moment_it_opened() -> None:
+async def test_breaker_metrics_tell_the_moment_it_opened_and_are_right_at_scrape_time() -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, guard, http = make(fake, clock, threshold=1)
     metrics = Metrics()
+    guard._on_state = metrics.on_breaker_state
+    metrics.watch_breaker(guard.refusing)
     sample = metrics.registry.get_sample_value
     assert sample("broker_circuit_breaker_opened_timestamp_seconds") == 0
+    assert sample("broker_circuit_breaker_open") == 0
     before = time.time()
-    metrics.on_breaker_state("open")
+    fake.answers = [httpx.Response(503)]
+    with pytest.raises(DirectorRetryable):
+        await client.unregister_runtime(tenant="t", runtime_id="r")
     opened = sample("broker_circuit_breaker_opened_timestamp_seconds")
     assert opened is not None
     assert before <= opened <= time.time()
     assert sample("broker_circuit_breaker_open") == 1
-    metrics.on_breaker_state("half-open")
-    metrics.on_breaker_state("closed")
+    # The open period ends with no call arriving: the breaker would let the next one through,
+    # and the gauge says so at once (it stayed 1 until a call came).
+    clock.now += 10
+    assert guard.state is cb.State.OPEN
+    assert sample("broker_circuit_breaker_open") == 0
+    fake.answers = [ok({"unregisterRuntime": {"id": "r"}})]
+    assert await client.unregister_runtime(tenant="t", runtime_id="r") is True
     assert sample("broker_circuit_breaker_open") == 0
     assert sample("broker_circuit_breaker_opened_timestamp_seconds") == opened
+    await http.aclose()
 
 
 async def test_permanent_errors_do_not_open_the_breaker() -> None:
@@ -731,5 +746,9 @@ async def test_no_access_token_means_nothing_was_sent() -> None:
     assert fake.calls == []
     # The guard's own refusals come before any call, too.
     assert may_have_reached_director(CompassUnavailable("breaker open")) is False
-    assert may_have_reached_director(DirectorPermanent("refused")) is True
+    # An error answer means Director rolled its transaction back: nothing was registered.
+    assert may_have_reached_director(DirectorPermanent("refused")) is False
+    assert may_have_reached_director(DirectorFailed("internal error")) is False
+    # Anything else (a bug, a cancellation) proves nothing.
+    assert may_have_reached_director(RuntimeError("bug")) is True
     await http.aclose()

@@ -12,10 +12,13 @@ from control_plane_broker import circuit_breaker as cb
 from control_plane_broker import errors
 from control_plane_broker.api.problems import TYPE_PREFIX, problem_for
 from control_plane_broker.director.errors import (
+    DirectorFailed,
     DirectorNotFound,
     DirectorPermanent,
     DirectorRetryable,
+    DirectorTenantUnknown,
     classify,
+    error_arguments,
 )
 from control_plane_broker.identity import claims
 from control_plane_broker.model import KymaView
@@ -52,6 +55,42 @@ def test_breaker_success_resets_the_consecutive_count() -> None:
     b = cb.record_failure(b, POLICY, 1)
     assert b.state is cb.State.CLOSED
     assert b.failures == 1
+
+
+def test_one_runtimes_internal_errors_never_open_the_breaker() -> None:
+    b = cb.Breaker()
+    for i in range(50):
+        b = cb.record_ambiguous(b, POLICY, float(i), "runtime-1")
+    assert b.state is cb.State.CLOSED
+    assert b.failures == 1
+    assert b.suspects == frozenset({"runtime-1"})
+
+
+def test_internal_errors_of_different_runtimes_in_a_row_open_the_breaker() -> None:
+    b = cb.record_ambiguous(cb.Breaker(), POLICY, 0.0, "a")
+    b = cb.record_ambiguous(b, POLICY, 1.0, "a")
+    b = cb.record_ambiguous(b, POLICY, 2.0, "b")
+    assert b.state is cb.State.CLOSED
+    # Outages and internal errors add up: Director failing everyone, one way or the other.
+    b = cb.record_failure(b, POLICY, 3.0)
+    assert b.state is cb.State.OPEN
+    assert b.suspects == frozenset()
+    assert b.opened_at == 3.0
+
+
+def test_a_success_ends_the_run_of_suspects() -> None:
+    b = cb.record_ambiguous(cb.Breaker(), POLICY, 0.0, "a")
+    b = cb.record_success(b)
+    assert b == cb.Breaker()
+    b = cb.record_ambiguous(b, POLICY, 1.0, "a")
+    assert b.failures == 1
+
+
+def test_a_probe_that_meets_an_internal_error_opens_the_breaker_again() -> None:
+    b = cb.Breaker(state=cb.State.HALF_OPEN, failures=3, probe_in_flight=True, suspects=frozenset())
+    b = cb.record_ambiguous(b, POLICY, 20.0, "a")
+    assert b.state is cb.State.OPEN
+    assert b.opened_at == 20.0
 
 
 @pytest.mark.parametrize(
@@ -429,6 +468,8 @@ ERRORS = _concrete_errors()
 def test_every_error_maps_to_one_status_and_type(cls: type[errors.BrokerError]) -> None:
     if issubclass(cls, errors.IdentityNotProven | errors.IdentityForbidden):
         exc: errors.BrokerError = cls("m", reason="r")
+    elif issubclass(cls, errors.CompassTenantUnknown):
+        exc = cls("m", label="kyma-project.io/subaccount-id", value="sa")
     elif issubclass(cls, errors.TemporaryError):
         exc = cls("m", retry_after=2.0)
     else:
@@ -488,27 +529,82 @@ def test_a_booked_turn_is_told_exactly_others_are_spread() -> None:
 
 
 @pytest.mark.parametrize(
-    ("status", "codes", "expected"),
+    ("status", "errors", "expected"),
     [
+        # Outages reach the broker as HTTP: transport, 5xx, 429.
         (None, [], DirectorRetryable),
         (500, [], DirectorRetryable),
         (502, [], DirectorRetryable),
+        (503, [(10, "x")], DirectorRetryable),
         (429, [], DirectorRetryable),
-        (200, [10], DirectorRetryable),
-        (200, [28], DirectorRetryable),
-        (200, [32], DirectorRetryable),
-        (200, [35], DirectorRetryable),
-        (200, [20], DirectorNotFound),
-        (200, [21], DirectorPermanent),
-        (200, [22], DirectorPermanent),
-        (200, [26], DirectorPermanent),
-        (200, [None], DirectorPermanent),
+        # Codes that name a moment, not the input.
+        (200, [(28, "Maximum processing timeout reached")], DirectorRetryable),
+        (200, [(32, "x")], DirectorRetryable),
+        (200, [(35, "x")], DirectorRetryable),
+        # Code 10 names nothing (the real Director's answers, verbatim in shape).
+        (200, [(10, "Internal Server Error [errorID=e1]")], DirectorFailed),
+        (
+            200,
+            [(10, "Internal Server Error [errorID=e2, reason: Runtime with ID r doesn't exist]")],
+            DirectorFailed,
+        ),
+        (200, [(11, "x")], DirectorFailed),
+        # A document Director's schema refuses: HTTP 422, code 10 -- ours to fix, for good.
+        (422, [(10, "Cannot query field")], DirectorPermanent),
+        # Tenants Director does not know.
+        (400, [(25, "Tenant not found [externalTenant=ga]")], DirectorTenantUnknown),
+        (200, [(25, "Tenant not found")], DirectorTenantUnknown),
+        (200, [(20, "Object not found [object=tenant]")], DirectorTenantUnknown),
+        (200, [(20, "Object not found [object=runtime]")], DirectorNotFound),
+        (
+            200,
+            [
+                (
+                    27,
+                    "The operation is not allowed [object=systemAuth; "
+                    "reason=The referenced entity does not exists]",
+                )
+            ],
+            DirectorPermanent,
+        ),
+        (200, [(21, "x")], DirectorPermanent),
+        (200, [(22, "x")], DirectorPermanent),
+        (200, [(26, "x")], DirectorPermanent),
+        (200, [(None, "x")], DirectorPermanent),
         (400, [], DirectorPermanent),
         (200, [], type(None)),
     ],
 )
-def test_classify(status: int | None, codes: list[int | None], expected: type) -> None:
-    assert type(classify(status=status, codes=codes, message="m")) is expected
+def test_classify(status: int | None, errors: list[tuple[int | None, str]], expected: type) -> None:
+    assert type(classify(status=status, errors=errors, message="m")) is expected
+
+
+def test_director_error_arguments_are_read_from_the_message_tail() -> None:
+    refused = classify(
+        status=200,
+        errors=[
+            (
+                27,
+                "The operation is not allowed [object=systemAuth; "
+                "reason=The referenced entity does not exists]",
+            )
+        ],
+        message="m",
+    )
+    assert isinstance(refused, DirectorPermanent)
+    assert refused.code == 27
+    assert refused.arguments == {
+        "object": "systemAuth",
+        "reason": "The referenced entity does not exists",
+    }
+    tenant = classify(status=200, errors=[(20, "Object not found [object=tenant]")], message="m")
+    assert isinstance(tenant, DirectorTenantUnknown)
+    assert tenant.subaccount
+    account = classify(status=400, errors=[(25, "Tenant not found")], message="m")
+    assert isinstance(account, DirectorTenantUnknown)
+    assert not account.subaccount
+    assert error_arguments("no tail") == {}
+    assert error_arguments("x [broken") == {}
 
 
 # --- reconcile plan ------------------------------------------------------------------------------
