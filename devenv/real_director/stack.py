@@ -1,0 +1,439 @@
+"""`RealCompass`: the real Compass Director with everything it needs, as one object.
+
+    PostgreSQL (migrated) ── Director ── gateway (token endpoint, JWT, JWKS, lost answers)
+                               │
+                     a test kube-apiserver (ConfigMap, Secrets)
+
+`start_real_compass()` builds what is missing (devenv/real_director/build.sh), starts the parts
+in order and returns once Director answers `/readyz` behind the gateway; `stop()` (or leaving
+the `with` block) stops everything it started, also when the start itself failed half-way.
+What it needs and how long it takes: docs/real-compass.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import yaml
+
+from devenv.clusters import Binaries, TestCluster, find_binaries, start_cluster
+
+from . import postgres
+from .director import DirectorConfig, DirectorProcess, start_director
+from .gateway import GRAPHQL_PATH, JWKS_PATH, TOKEN_PATH, Gateway, LossMode, new_client_credentials
+
+BUILD_SCRIPT = Path(__file__).resolve().parent / "build.sh"
+EXIT_NO_SOURCE = 3  # build.sh's "the source cannot be found", distinct from a failed build
+PROVIDER = "kyma-compass-pull devenv"
+
+_running: weakref.WeakSet[RealCompass] = weakref.WeakSet()
+
+
+class RealCompassError(RuntimeError):
+    """The stack could not be built or started; the message says why."""
+
+
+class CompassSourceMissing(RealCompassError):
+    """The pinned Compass source is nowhere to be found; the message says where we looked."""
+
+
+def find_compass_source() -> tuple[Path | None, str]:
+    """(where the source or the finished build is, "") or (None, why not), building nothing."""
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--find-source"], capture_output=True, text=True, check=False
+    )
+    if result.returncode == 0 and result.stdout.strip():
+        return Path(result.stdout.strip()), ""
+    reason = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
+    return None, reason or f"{BUILD_SCRIPT} --find-source failed ({result.returncode})"
+
+
+def build_director() -> Path:
+    """The folder holding `director` and its `compass/` source tree, built once per commit.
+
+    Progress goes to our stderr as it happens (the first build takes minutes).
+    """
+    proc = subprocess.Popen(
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None
+    assert proc.stdout is not None
+    last = ""
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        if line.strip():
+            last = line.strip()
+    out = proc.stdout.read().strip()
+    code = proc.wait()
+    if code == EXIT_NO_SOURCE:
+        raise CompassSourceMissing(last.removeprefix("real-director: "))
+    if code != 0 or not out:
+        raise RealCompassError(f"{BUILD_SCRIPT} failed (exit {code}): {last}")
+    return Path(out)
+
+
+class RealCompass:
+    """A running stack. Attributes are what a client needs; methods are what a test needs."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.gateway_url = ""
+        self.director_url = ""  # what BROKER_DIRECTOR_URL takes: the gateway's GraphQL path
+        self.token_url = ""
+        self.jwks_url = ""
+        self.client_id, self.client_secret = new_client_credentials()
+        self.connector_url = ""
+        self.namespace = f"compass-director-{uuid.uuid4().hex[:6]}"
+        self.timings: dict[str, float] = {}  # seconds per start phase, for docs and benches
+        self.director_process: DirectorProcess | None = None
+        self.database: postgres.Postgres | None = None
+        self.cluster: TestCluster | None = None
+        self._own_cluster = False
+        self._gateway: Gateway | None = None
+
+    # -- what clients need -----------------------------------------------------------------
+
+    @property
+    def gateway(self) -> Gateway:
+        if self._gateway is None:
+            raise RuntimeError("the stack is not running")
+        return self._gateway
+
+    @property
+    def director_log(self) -> Path:
+        return self.workdir / "director.log"
+
+    def write_credentials_file(self, path: Path) -> Path:
+        """compass-manager's credentials file, as the broker's BROKER_DIRECTOR_CREDENTIALS_FILE
+        reads it."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "data": {
+                "client_id": self.client_id,
+                "client_secret": self.client_secret,
+                "tokens_endpoint": self.token_url,
+            }
+        }
+        path.write_text(yaml.safe_dump(doc))
+        path.chmod(0o600)
+        return path
+
+    def endpoints(self) -> dict[str, Any]:
+        return {
+            "gateway_url": self.gateway_url,
+            "director_url": self.director_url,
+            "token_url": self.token_url,
+            "jwks_url": self.jwks_url,
+            "client_id": self.client_id,
+            "client_secret": self.client_secret,
+            "connector_url": self.connector_url,
+            "admin_url": f"{self.gateway_url}/_gateway",
+            "director_internal_url": self.director_process.url if self.director_process else "",
+            "postgres": f"postgresql://postgres@127.0.0.1:{self.database.port}/compass"
+            if self.database
+            else "",
+            "director_log": str(self.director_log),
+            "workdir": str(self.workdir),
+        }
+
+    # -- tenants ---------------------------------------------------------------------------
+
+    def _db(self) -> postgres.Postgres:
+        if self.database is None:
+            raise RuntimeError("the stack is not running")
+        return self.database
+
+    def tenant_id(self, external_id: str) -> str | None:
+        """The internal ID of a tenant, or None when Director does not know it."""
+        return _resolve(self._db(), external_id)
+
+    def _add_tenant(self, external_id: str, kind: str) -> str:
+        existing = self.tenant_id(external_id)
+        if existing is not None:
+            return existing
+        rows = self._db().query(
+            "INSERT INTO business_tenant_mappings "
+            "(id, external_name, external_tenant, provider_name, type, status) VALUES "
+            "(gen_random_uuid(), :'ext', :'ext', :'provider', :'kind', 'Active') RETURNING id",
+            {"ext": external_id, "provider": PROVIDER, "kind": kind},
+        )
+        internal = rows[0][0]
+        self.gateway.remember_tenant(external_id, internal)
+        return internal
+
+    def add_global_account(self, external_id: str) -> str:
+        """A global account (type `account`), as the tenant fetcher would sync it; returns its
+        internal ID. Adding one that exists is a no-op."""
+        return self._add_tenant(external_id, "account")
+
+    def add_subaccount(self, external_id: str, *, parent: str, region: str | None = None) -> str:
+        """A subaccount of the global account `parent` (external ID, added first).
+
+        `region` becomes the subaccount's `region` label, which Director copies onto every
+        runtime an integration system registers for it (else it writes "")."""
+        parent_id = self.tenant_id(parent)
+        if parent_id is None:
+            raise ValueError(f"parent {parent!r} is not a tenant: add_global_account it first")
+        internal = self._add_tenant(external_id, "subaccount")
+        params = {"id": internal, "parent": parent_id}
+        self._db().psql(
+            "INSERT INTO tenant_parents (tenant_id, parent_id) VALUES (:'id', :'parent') "
+            "ON CONFLICT DO NOTHING;",
+            params,
+        )
+        if region is not None:
+            # A tenant's own label: no object ID, only the tenant's.
+            self._db().psql(
+                "DELETE FROM labels WHERE tenant_id = :'id' AND key = 'region' "
+                "AND runtime_id IS NULL AND app_id IS NULL AND runtime_context_id IS NULL;"
+                "INSERT INTO labels (id, tenant_id, key, value) VALUES "
+                "(gen_random_uuid(), :'id', 'region', to_jsonb(:'region'::text));",
+                {**params, "region": region},
+            )
+        return internal
+
+    # -- Director's database: the judge ----------------------------------------------------
+
+    def query(self, sql: str, **params: str) -> list[tuple[str, ...]]:
+        """Rows of `sql` run on Director's database, every value as text (NULL as "").
+
+        `params` are psql variables: write `:'name'` in `sql` for the quoted value."""
+        return self._db().query(sql, params)
+
+    def runtimes(
+        self, *, label_key: str | None = None, label_value: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Registered runtimes as Director stores them: `id`, `name`, `labels` (decoded JSON),
+        optionally only those with a label (and value)."""
+        rows = self.query(
+            "SELECT r.id, r.name, COALESCE((SELECT jsonb_object_agg(l.key, l.value) "
+            "FROM labels l WHERE l.runtime_id = r.id), '{}'::jsonb) FROM runtimes r "
+            "WHERE :'by_key' = 'no' OR r.id IN (SELECT l.runtime_id FROM labels l WHERE "
+            "l.key = :'key' AND (:'by_value' = 'no' OR l.value = to_jsonb(:'value'::text))) "
+            "ORDER BY r.name, r.id",
+            by_key="no" if label_key is None else "yes",
+            key=label_key or "",
+            by_value="no" if label_value is None else "yes",
+            value=label_value or "",
+        )
+        return [
+            {"id": rid, "name": name, "labels": json.loads(labels)} for rid, name, labels in rows
+        ]
+
+    def runtime_count(self, *, label_key: str | None = None, label_value: str | None = None) -> int:
+        return len(self.runtimes(label_key=label_key, label_value=label_value))
+
+    def runtime_tenants(self, runtime_id: str) -> dict[str, bool]:
+        """The tenants (external IDs) with access to a runtime, each with whether it owns it."""
+        rows = self.query(
+            "SELECT t.external_tenant, tr.owner FROM tenant_runtimes tr "
+            "JOIN business_tenant_mappings t ON t.id = tr.tenant_id WHERE tr.id = :'id'",
+            id=runtime_id,
+        )
+        return {external: owner == "t" for external, owner in rows}
+
+    # -- faults and counters ---------------------------------------------------------------
+
+    def lose_answers(
+        self,
+        operation: str,
+        *,
+        ratio: float = 1.0,
+        count: int | None = None,
+        mode: LossMode = "504",
+    ) -> None:
+        """Director acts on matching calls; their callers see 504 (or a dropped connection)."""
+        self.gateway.lose_answers(operation, ratio=ratio, count=count, mode=mode)
+
+    def clear_faults(self) -> None:
+        self.gateway.clear_faults()
+
+    def calls(self) -> dict[str, int]:
+        """GraphQL calls the gateway passed to Director, per top-level field and operation."""
+        return self.gateway.calls()
+
+    def lost(self) -> dict[str, int]:
+        return self.gateway.lost()
+
+    def reset_calls(self) -> None:
+        self.gateway.reset_calls()
+
+    def access_token(self) -> str:
+        """A valid bearer for `director_url`, without the round trip to the token endpoint."""
+        return self.gateway.issue_token()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return (
+            self._gateway is not None
+            and self.director_process is not None
+            and self.director_process.running
+            and self.database is not None
+            and self.database.running
+        )
+
+    def pids(self) -> dict[str, int]:
+        """Process IDs of what this stack started (for checks that nothing survives stop)."""
+        found: dict[str, int] = {}
+        if self.director_process is not None and self.director_process.pid is not None:
+            found["director"] = self.director_process.pid
+        if self.database is not None and self.database.pid is not None:
+            found["postgres"] = self.database.pid
+        if self._own_cluster and self.cluster is not None:
+            for index, proc in enumerate(self.cluster._processes):
+                found[("etcd", "kube-apiserver")[index] if index < 2 else f"p{index}"] = proc.pid
+        return found
+
+    def stop(self) -> None:
+        """Stops what was started, callers first: gateway, Director, database, cluster."""
+        errors: list[BaseException] = []
+        steps = [
+            lambda: self._gateway.stop() if self._gateway is not None else None,
+            lambda: self.director_process.stop() if self.director_process is not None else None,
+            lambda: self.database.stop() if self.database is not None else None,
+            lambda: self.cluster.stop() if self._own_cluster and self.cluster is not None else None,
+        ]
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # every part gets its turn, whatever the others do
+                errors.append(exc)
+        _running.discard(self)
+        if errors:
+            raise RealCompassError(f"stopping the stack: {errors!r}")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def start_real_compass(
+    workdir: Path,
+    *,
+    binaries: Binaries | None = None,
+    cluster: TestCluster | None = None,
+    connector_url: str | None = None,
+    director_folder: Path | None = None,
+) -> RealCompass:
+    """Builds what is missing and starts the stack in `workdir` (logs, config, kubeconfig).
+
+    `cluster`: an API server to put Director's ConfigMap and Secrets on (in a namespace of
+    their own); without it a cluster is started from `binaries` (built when None) and stopped
+    with the stack. `connector_url`: what Director returns as the one-time token's
+    `connectorURL` (default: the gateway's `/connector/graphql`, which nothing serves).
+    `director_folder`: the output of build.sh when the caller already ran it.
+
+    Raises CompassSourceMissing when the source cannot be had, RealCompassError otherwise.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    folder = director_folder or build_director()
+    source = folder / "compass"
+    migrations_dir = source / "components/schema-migrator/migrations/director"
+    stack = RealCompass(workdir)
+    _running.add(stack)
+    try:
+        began = time.monotonic()
+        template = postgres.migrated_template(migrations_dir, folder, log_dir=workdir)
+        stack.timings["migrated_template"] = time.monotonic() - began
+        phase = time.monotonic()
+        stack.database = postgres.start_postgres(template, workdir / "postgres.log")
+        stack.timings["postgres"] = time.monotonic() - phase
+
+        phase = time.monotonic()
+        if cluster is None:
+            stack._own_cluster = True
+            stack.cluster = start_cluster(
+                "compass-director", binaries or find_binaries(), workdir=workdir / "cluster"
+            )
+        else:
+            stack.cluster = cluster
+        stack.timings["cluster"] = time.monotonic() - phase
+
+        database = stack.database
+        gateway = Gateway(
+            client_id=stack.client_id,
+            client_secret=stack.client_secret,
+            resolve_tenant=lambda external: _resolve(database, external),
+        )
+        stack._gateway = gateway
+        gateway.start()
+        stack.gateway_url = gateway.url
+        stack.director_url = f"{gateway.url}{GRAPHQL_PATH}"
+        stack.token_url = f"{gateway.url}{TOKEN_PATH}"
+        stack.jwks_url = f"{gateway.url}{JWKS_PATH}"
+        stack.connector_url = connector_url or f"{gateway.url}/connector/graphql"
+
+        phase = time.monotonic()
+        stack.director_process = start_director(
+            DirectorConfig(
+                binary=folder / "director",
+                source=source,
+                db_port=database.port,
+                schema_version=postgres.schema_version(migrations_dir),
+                jwks_url=stack.jwks_url,
+                public_url=stack.gateway_url,
+                token_url=stack.token_url,
+                connector_url=stack.connector_url,
+                namespace=stack.namespace,
+            ),
+            stack.cluster,
+            workdir,
+        )
+        gateway.director_url = stack.director_process.graphql_url
+        stack.timings["director"] = time.monotonic() - phase
+        stack.timings["total"] = time.monotonic() - began
+    except BaseException:
+        with contextlib.suppress(Exception):
+            stack.stop()
+        raise
+    return stack
+
+
+def _resolve(database: postgres.Postgres, external: str) -> str | None:
+    rows = database.query(
+        "SELECT id FROM business_tenant_mappings WHERE external_tenant = :'ext'", {"ext": external}
+    )
+    return rows[0][0] if rows else None
+
+
+@contextlib.contextmanager
+def running_real_compass(workdir: Path | None = None, **kwargs: Any) -> Iterator[RealCompass]:
+    """`start_real_compass` in a `with` block, in a temporary workdir removed afterwards."""
+    own = workdir is None
+    folder = workdir or Path(tempfile.mkdtemp(prefix="real-compass-"))
+    stack = start_real_compass(folder, **kwargs)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        if own:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for stack in list(_running):
+        with contextlib.suppress(Exception):
+            stack.stop()
