@@ -15,7 +15,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,15 +69,25 @@ def build_director() -> Path:
     Progress goes to our stderr as it happens (the first build takes minutes).
     """
     proc = subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ["bash", str(BUILD_SCRIPT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: interrupted, `go build` goes too
     )
     assert proc.stderr is not None
     assert proc.stdout is not None
     last = ""
-    for line in proc.stderr:
-        sys.stderr.write(line)
-        if line.strip():
-            last = line.strip()
+    try:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            if line.strip():
+                last = line.strip()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+        raise
     out = proc.stdout.read().strip()
     code = proc.wait()
     if code == EXIT_NO_SOURCE:
@@ -147,6 +159,7 @@ class RealCompass:
             else "",
             "director_log": str(self.director_log),
             "workdir": str(self.workdir),
+            "pids": self.pids(),
         }
 
     # -- tenants ---------------------------------------------------------------------------
