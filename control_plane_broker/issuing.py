@@ -1,8 +1,10 @@
 """The token request use case, cheapest refusals first:
 
 validate the runtime ID → the Kyma cache is synced → the caller still waits → prove the identity →
-not revoked → policy on the cached Kyma → per-runtime rate limit → circuit breaker → a booked turn
-at Director's capacity → register (only a runtime not registered yet) → request the token.
+not revoked → policy on the cached Kyma → per-runtime rate limit → Director's remembered refusal
+of the Kyma's tenants → circuit breaker → a booked turn at Director's capacity → register (only a
+runtime not registered yet) → request the token (a runtime Director shows gone is forgotten and
+registered again, once).
 
 Holds: nothing reaches Director unless the runtime ID is valid, the caller proved to be this
 runtime, the Kyma allows it and Director's capacity has room for the request within the queue
@@ -21,18 +23,27 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from control_plane_broker.director.client import DirectorApi
+from control_plane_broker.director.errors import (
+    DirectorFailed,
+    DirectorPermanent,
+    DirectorTenantUnknown,
+)
 from control_plane_broker.director.guard import CallerPresent, DirectorGuard
+from control_plane_broker.director.models import OneTimeToken
 from control_plane_broker.errors import (
     CallerGone,
+    CompassFailed,
     CompassRejected,
+    CompassTenantUnknown,
     CompassUnavailable,
     NotReady,
     RateLimited,
 )
 from control_plane_broker.identity.verifier import Verifier
-from control_plane_broker.model import KymaView
+from control_plane_broker.model import LABEL_SUBACCOUNT, KymaView
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import RateLimiter
+from control_plane_broker.registration import state
 from control_plane_broker.registration.service import Registered, RegistrationService
 from control_plane_broker.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
@@ -123,19 +134,25 @@ class TokenIssuer:
         wait = self._limiter.check(kyma.name, self._clock())
         if wait is not None:
             raise RateLimited("token issue rate exceeded for this runtime", retry_after=wait)
+        refused = self._registration.refused(kyma)
+        if refused is not None:
+            raise refused
         known = self._registration.known(kyma)
         calls = 1 if known else 2
         self._guard.refuse_if_open(kyma.name, calls=calls)
         self._guard.book(kyma.name, calls=calls)
         registered = known or await self._register(kyma)
         try:
-            ott = await self._director.request_one_time_token(
-                tenant=registered.tenant,
-                runtime_id=registered.compass_id,
-                follow_up=known is None,
-                caller_present=caller_present,
-            )
-        except (CompassUnavailable, CompassRejected) as exc:
+            try:
+                ott = await self._token(registered, follow_up=known is None, caller=caller_present)
+            except (DirectorPermanent, DirectorFailed) as exc:
+                if known is None or isinstance(exc, DirectorTenantUnknown):
+                    raise
+                if not await self._registration.is_gone(known):
+                    raise
+                registered = await self._register_lost(kyma, known)
+                ott = await self._token(registered, follow_up=True, caller=caller_present)
+        except (CompassUnavailable, CompassRejected, CompassFailed) as exc:
             await self._status.failed(
                 kyma=kyma,
                 condition="TokenIssued",
@@ -156,11 +173,45 @@ class TokenIssuer:
             expires_at=ott.expires_at,
         )
 
-    async def _register(self, kyma: KymaView) -> Registered:
+    async def _token(
+        self, registered: Registered, *, follow_up: bool, caller: CallerPresent | None
+    ) -> OneTimeToken:
+        return await self._director.request_one_time_token(
+            tenant=registered.tenant,
+            runtime_id=registered.compass_id,
+            follow_up=follow_up,
+            caller_present=caller,
+        )
+
+    async def _register_lost(self, kyma: KymaView, lost: Registered) -> Registered:
+        """Director no longer has the runtime recorded for this Kyma (unregistered behind our
+        back): forget it and register the runtime again. Of several replicas (or requests) that
+        notice at once, one forgets and registers; the others adopt what it records."""
+        fresh, forgotten = await self._registration.forget(kyma.name, lost.compass_id)
+        if forgotten:
+            await self._status.runtime_lost(kyma=kyma, compass_id=lost.compass_id)
+        return await self._register(kyma, fresh=fresh)
+
+    async def _register(self, kyma: KymaView, *, fresh: state.Mapping | None = None) -> Registered:
         try:
-            return await self._registration.ensure_registered(kyma)
-        except (CompassUnavailable, CompassRejected) as exc:
+            return await self._registration.ensure_registered(kyma, fresh=fresh)
+        except (CompassUnavailable, CompassRejected, CompassFailed) as exc:
             await self._status.failed(
                 kyma=kyma, condition="Registered", event_reason="RegistrationFailed", exc=exc
+            )
+            raise
+        except CompassTenantUnknown as exc:
+            await self._status.failed(
+                kyma=kyma,
+                condition="Registered",
+                event_reason="CompassTenantUnknown",
+                exc=exc,
+                refusal=state.TenantRefusal(
+                    global_account=kyma.tenant or "",
+                    subaccount=kyma.labels.get(LABEL_SUBACCOUNT) or None,
+                    label=exc.label,
+                    value=exc.value,
+                    at=self._status.now(),
+                ),
             )
             raise

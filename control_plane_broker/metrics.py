@@ -53,6 +53,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.runtimes_lost = Counter(
+            "broker_compass_runtimes_lost_total",
+            "Recorded Compass runtimes that Director showed gone (unregistered behind the "
+            "broker's back); each is registered again on its next token request.",
+            registry=r,
+        )
         self.labels_synced = Counter(
             "broker_director_labels_synced_total", "Director labels written.", registry=r
         )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from control_plane_broker import connection
 from control_plane_broker.director.client import DirectorApi
+from control_plane_broker.director.errors import DirectorFailed, DirectorPermanent
 from control_plane_broker.errors import BrokerError, KymaIncomplete
 from control_plane_broker.kube.events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
@@ -30,7 +31,11 @@ from control_plane_broker.metrics import Metrics
 from control_plane_broker.model import LABEL_SHOOT, KymaView
 from control_plane_broker.policy import module_enabled
 from control_plane_broker.registration import naming, state
-from control_plane_broker.registration.service import MappingReader
+from control_plane_broker.registration.service import (
+    MappingReader,
+    Registered,
+    RegistrationService,
+)
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.reporting import report_limits
 from control_plane_broker.retry import backoff
@@ -101,6 +106,7 @@ class Reconciler:
         mappings: Informer[Mapping],
         repo: MappingRepository,
         director: DirectorApi,
+        registration: RegistrationService,
         events: KymaEvents,
         status: StatusRecorder,
         metrics: Metrics,
@@ -113,6 +119,7 @@ class Reconciler:
         self._mapping_view = mappings
         self._repo = repo
         self._director = director
+        self._registration = registration
         self._events = events
         self._metrics = metrics
         self._leading = leading
@@ -385,14 +392,26 @@ class Reconciler:
         desired: dict[str, str],
     ) -> None:
         tenant = mapping.tenant or (kyma.tenant if kyma else None)
-        assert mapping.compass_id is not None
+        compass_id = mapping.compass_id
+        assert compass_id is not None
         if not tenant:
             return
-        for key, value in changes.items():
-            await self._director.set_runtime_label(
-                tenant=tenant, runtime_id=mapping.compass_id, key=key, value=value
-            )
-            self._metrics.labels_synced.inc()
+        try:
+            for key, value in changes.items():
+                await self._director.set_runtime_label(
+                    tenant=tenant, runtime_id=compass_id, key=key, value=value
+                )
+                self._metrics.labels_synced.inc()
+        except (DirectorPermanent, DirectorFailed):
+            # Director answers code 10 for a label on a missing runtime: that runtime may have
+            # been unregistered behind our back. Then there is nothing to label; the next token
+            # request registers it again.
+            if not await self._registration.is_gone(Registered(compass_id, tenant, "adopted")):
+                raise
+            _, forgotten = await self._registration.forget(mapping.name, compass_id)
+            if forgotten and kyma is not None:
+                await self._status.runtime_lost(kyma=kyma, compass_id=compass_id)
+            return
         conditions = list((mapping.raw.get("status") or {}).get("conditions") or [])
         conditions = state.set_condition(
             conditions,

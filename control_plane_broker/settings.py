@@ -133,7 +133,9 @@ class Settings(BaseSettings):
         default=6.0, description="Sustained token issues per runtime per minute."
     )
     breaker_failure_threshold: int = Field(
-        default=5, description="Consecutive retryable Director failures that open the breaker."
+        default=5,
+        description="Consecutive retryable Director failures that open the breaker (an internal "
+        "error, code 10, counts once per runtime in a run).",
     )
     breaker_open_seconds: float = Field(
         default=5.0,
@@ -181,6 +183,12 @@ class Settings(BaseSettings):
     )
     registration_claim_seconds: float = Field(
         default=60.0, description="Lifetime of a registration claim; a crashed holder's expires."
+    )
+    tenant_recheck_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        description="After Director refused a Kyma's global account or subaccount as unknown, "
+        "ask it again only this often (or at once when the Kyma's labels change).",
     )
 
     # --- Kubernetes / control plane ----------------------------------------------------------

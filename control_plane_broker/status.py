@@ -70,6 +70,8 @@ def issued_status(mapping: Mapping, *, registered: Registered, now: float) -> di
         )
     after = {**before, "registered": True, "configured": True, "state": "Ready"}
     after["conditions"] = conditions
+    if before.get("compassRefusal") is not None:
+        after["compassRefusal"] = None  # Director knows the tenants now: the merge removes it
     if registered.labels is not None:
         after["directorLabels"] = registered.labels
     last = state.from_rfc3339(before.get("lastTokenIssuedAt"))
@@ -88,6 +90,7 @@ def failed_status(
     message: str,
     now: float,
     director_labels: dict[str, str] | None,
+    refusal: state.TenantRefusal | None = None,
 ) -> tuple[dict[str, Any] | None, bool]:
     """(the status to write or None, whether the failure is news worth an Event)."""
     before = state.conditions_of(mapping)
@@ -106,6 +109,8 @@ def failed_status(
         status["conditions"] = after
     if director_labels is not None and director_labels != mapping.director_labels:
         status["directorLabels"] = director_labels
+    if refusal is not None and refusal != mapping.tenant_refusal:
+        status["compassRefusal"] = refusal.to_status()
     return (status or None), tell
 
 
@@ -122,6 +127,20 @@ class StatusRecorder:
         self._cache = cache
         self._events = events
         self._clock = clock
+
+    def now(self) -> float:
+        return self._clock()
+
+    async def runtime_lost(self, *, kyma: KymaView, compass_id: str) -> None:
+        """Tells the operator that the recorded Compass runtime is gone from Director."""
+        await self._events.record(
+            kyma_name=kyma.name,
+            kyma_uid=kyma.uid,
+            reason="CompassRuntimeLost",
+            message=f"Compass runtime {compass_id} no longer exists in Director (unregistered "
+            "outside the broker); the runtime is registered again",
+            warning=True,
+        )
 
     async def _current(self, name: str, given: Mapping | None) -> Mapping | None:
         if given is not None:
@@ -223,8 +242,10 @@ class StatusRecorder:
         mapping: Mapping | None = None,
         what: str = "",
         director_labels: dict[str, str] | None = None,
+        refusal: state.TenantRefusal | None = None,
     ) -> bool:
-        """Records a failure; returns whether a Warning Event was emitted."""
+        """Records a failure (and Director's refusal of the Kyma's tenants, when given);
+        returns whether a Warning Event was emitted."""
         name = kyma.name if kyma is not None else name
         reason, message = failure_text(exc)
         if what:
@@ -235,26 +256,20 @@ class StatusRecorder:
             current = await self._current(name, mapping)
             if current is None:
                 return False  # nothing to hang a condition on (and nothing registered yet)
-            _, tell = failed_status(
-                current,
-                condition=condition,
-                reason=reason,
-                message=message,
-                now=now,
-                director_labels=director_labels,
-            )
-            await self._write(
-                name,
-                current,
-                lambda m: failed_status(
+
+            def compute(m: Mapping) -> tuple[dict[str, Any] | None, bool]:
+                return failed_status(
                     m,
                     condition=condition,
                     reason=reason,
                     message=message,
                     now=now,
                     director_labels=director_labels,
-                )[0],
-            )
+                    refusal=refusal,
+                )
+
+            _, tell = compute(current)
+            await self._write(name, current, lambda m: compute(m)[0])
         except KubeError as exc_kube:
             log.warning(
                 "could not write a failure condition",

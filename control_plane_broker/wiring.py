@@ -344,6 +344,7 @@ async def run(  # noqa: PLR0915
             mappings=mappings,
             repo=repo,
             director=director,
+            registration=registration,
             events=events,
             status=status,
             metrics=metrics,

@@ -17,6 +17,12 @@ compass-manager's) only where an earlier attempt may have registered the runtime
 
 The claim is renewed by its holder when it would expire before a Director call could end, so a
 slow Director never hands the claim to another replica in the middle of a registration.
+
+Director's refusals that only a change elsewhere can lift are remembered on the mapping, so
+asking again costs Director nothing: an unknown global account or subaccount
+(`status.compassRefusal`, until the Kyma names other tenants or the recheck period passes). A
+runtime Director shows gone (unregistered behind our back) is forgotten on the mapping and
+registered again, once, after a look-up.
 """
 
 from __future__ import annotations
@@ -29,9 +35,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from control_plane_broker.director.client import DirectorApi
-from control_plane_broker.director.errors import may_have_reached_director
-from control_plane_broker.director.models import RuntimeRegisterInput
+from control_plane_broker.director.errors import (
+    INVALID_OPERATION,
+    DirectorPermanent,
+    DirectorTenantUnknown,
+    may_have_reached_director,
+)
+from control_plane_broker.director.models import DirectorRuntime, RuntimeRegisterInput
 from control_plane_broker.errors import (
+    CompassTenantUnknown,
     ControlPlaneUnavailable,
     KymaDeleting,
     KymaIncomplete,
@@ -39,7 +51,7 @@ from control_plane_broker.errors import (
 )
 from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.model import LABEL_SHOOT, KymaView
+from control_plane_broker.model import LABEL_GLOBAL_ACCOUNT, LABEL_SHOOT, LABEL_SUBACCOUNT, KymaView
 from control_plane_broker.registration import naming, state
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.settings import Settings
@@ -100,6 +112,52 @@ class RegistrationService:
         # Tests use this to stop the process between Director and KCP (crash tests).
         self._after_register = after_register
 
+    def refused(self, kyma: KymaView) -> CompassTenantUnknown | None:
+        """Director's remembered refusal of this Kyma's tenants, while it stands (watch-fed
+        view, no request): the caller is told without asking Director again."""
+        mapping = self._cache.get(kyma.name)
+        refusal = mapping.tenant_refusal if mapping is not None else None
+        if refusal is None or not state.refusal_stands(
+            refusal, kyma, now=self._clock(), recheck_seconds=self._settings.tenant_recheck_seconds
+        ):
+            return None
+        return tenant_unknown(refusal.label, refusal.value, kyma)
+
+    async def is_gone(self, registered: Registered) -> bool:
+        """Does Director no longer have the recorded runtime? Asked after Director refused a
+        call about it: the refusal may be its answer for a runtime unregistered behind our back
+        (a one-time token then fails with code 27, a label with code 10)."""
+        runtime = await self._director.runtime(
+            tenant=registered.tenant, runtime_id=registered.compass_id
+        )
+        return runtime is None
+
+    async def forget(self, name: str, compass_id: str) -> tuple[Mapping | None, bool]:
+        """Removes `compass_id` from the mapping, only while the mapping still records it;
+        returns the mapping as it is now and whether this call removed it: of several replicas
+        that noticed, one removes it; the others find it removed or its successor recorded."""
+        for _ in range(MAX_ROUNDS):
+            try:
+                current = await self._repo.get(name)
+                if current is None or current.compass_id != compass_id:
+                    return current, False
+                forgotten = await self._repo.replace(state.forgotten(current))
+            except Conflict:
+                continue
+            except KubeError as exc:
+                raise ControlPlaneUnavailable(
+                    "cannot read or write the mapping", retry_after=5
+                ) from exc
+            log.warning(
+                "Compass runtime gone from Director; it is registered again on demand",
+                extra={"kyma": name, "compass_id": compass_id},
+            )
+            self._metrics.runtimes_lost.inc()
+            return forgotten, True
+        raise RegistrationBusy(
+            "the mapping kept changing while forgetting a lost runtime", retry_after=1
+        )
+
     def known(self, kyma: KymaView) -> Registered | None:
         """Registered already, by the watch-fed view: the token path needs nothing else."""
         mapping = self._cache.get(kyma.name)
@@ -109,11 +167,15 @@ class RegistrationService:
             mapping.compass_id, mapping.tenant or kyma.tenant or "", "adopted", mapping=mapping
         )
 
-    async def ensure_registered(self, kyma: KymaView) -> Registered:
+    async def ensure_registered(
+        self, kyma: KymaView, *, fresh: Mapping | None = None
+    ) -> Registered:
+        """`fresh`: the mapping as just read or written (the watch-fed view may still show what
+        it replaced)."""
         tenant = kyma.tenant
         if not tenant:
             raise KymaIncomplete("the Kyma has no global account label")
-        cached = self._cache.get(kyma.name)
+        cached = fresh or self._cache.get(kyma.name)
         if cached is not None and cached.deleting:
             raise KymaDeleting("the runtime's mapping is being deleted")
         if cached is not None and cached.compass_id:
@@ -211,15 +273,21 @@ class RegistrationService:
         """The Compass runtime ID, how it was obtained, and the labels sent if registered."""
         s = self._settings
         shoot = kyma.labels.get(LABEL_SHOOT)
+        labels = naming.director_labels(
+            kyma, managed_by=s.managed_by_label_value, runtime_id_label=s.runtime_id_label
+        )
         if lookup:
-            ours = await self._director.runtimes_by_label(
-                tenant=tenant, key=s.runtime_id_label, value=kyma.runtime_id
-            )
-            legacy = []
-            if not ours and shoot:
-                legacy = await self._director.runtimes_by_label(
-                    tenant=tenant, key="gardenerClusterName", value=shoot
+            try:
+                ours = await self._director.runtimes_by_label(
+                    tenant=tenant, key=s.runtime_id_label, value=kyma.runtime_id
                 )
+                legacy = []
+                if not ours and shoot:
+                    legacy = await self._director.runtimes_by_label(
+                        tenant=tenant, key="gardenerClusterName", value=shoot
+                    )
+            except DirectorTenantUnknown as exc:
+                raise tenant_unknown(LABEL_GLOBAL_ACCOUNT, tenant, kyma) from exc
             match state.after_lookup([r.id for r in ours], [r.id for r in legacy]):
                 case state.Record(compass_id=compass_id, duplicates=duplicates):
                     if duplicates:
@@ -227,12 +295,10 @@ class RegistrationService:
                             "several Director runtimes for one Kyma; using the first",
                             extra={"kyma": kyma.name, "compass_ids": list(duplicates)},
                         )
-                    return compass_id, "found", None
+                    found = next(r for r in (*ours, *legacy) if r.id == compass_id)
+                    return compass_id, "found", labels_held(found, wanted=labels)
                 case state.Register():
                     pass
-        labels = naming.director_labels(
-            kyma, managed_by=s.managed_by_label_value, runtime_id_label=s.runtime_id_label
-        )
         spec = RuntimeRegisterInput(
             name=naming.derive_name(shoot_name=shoot, runtime_id=kyma.runtime_id),
             description=f"Kyma runtime {kyma.runtime_id}",
@@ -240,6 +306,11 @@ class RegistrationService:
         )
         try:
             runtime = await self._director.register_runtime(tenant=tenant, spec=spec)
+        except DirectorPermanent as exc:
+            refusal = refusal_of_tenants(exc, kyma, tenant)
+            if refusal is None:
+                raise
+            raise refusal from exc
         except BaseException as exc:
             if may_have_reached_director(exc):
                 self._unregistered.discard(kyma.name)  # the next attempt must look it up
@@ -271,3 +342,42 @@ class RegistrationService:
                 )
             current = await self._repo.get(mapping.name)
         raise RegistrationBusy("could not record the registration", retry_after=1)
+
+
+def labels_held(runtime: DirectorRuntime, *, wanted: dict[str, str]) -> dict[str, str]:
+    """The labels of ours that a runtime found in Director already holds, as we would write them:
+    recorded as synced, so the reconciler writes only what differs (when Director's answer to
+    `registerRuntime` was lost, the runtime found has every label, and writing each back cost a
+    call apiece)."""
+    held = runtime.labels or {}
+    return {key: value for key, value in held.items() if key in wanted and isinstance(value, str)}
+
+
+def tenant_unknown(label: str, value: str, kyma: KymaView) -> CompassTenantUnknown:
+    what = "subaccount" if label == LABEL_SUBACCOUNT else "global account"
+    return CompassTenantUnknown(
+        f"Compass does not know the {what} {value!r} named by the Kyma's label {label}",
+        label=label,
+        value=value,
+    )
+
+
+def refusal_of_tenants(
+    exc: DirectorPermanent, kyma: KymaView, tenant: str
+) -> CompassTenantUnknown | None:
+    """`registerRuntime`'s refusals that name the Kyma's tenants: an unknown global account
+    (code 25), an unknown subaccount (code 20 `object=tenant`), or a subaccount that is not one
+    of the global account's (code 27, the only InvalidOperation `registerRuntime` answers)."""
+    subaccount = kyma.labels.get(LABEL_SUBACCOUNT) or ""
+    if isinstance(exc, DirectorTenantUnknown):
+        if exc.subaccount:
+            return tenant_unknown(LABEL_SUBACCOUNT, subaccount, kyma)
+        return tenant_unknown(LABEL_GLOBAL_ACCOUNT, tenant, kyma)
+    if exc.code == INVALID_OPERATION and subaccount:
+        return CompassTenantUnknown(
+            f"Compass does not know the subaccount {subaccount!r} (Kyma label "
+            f"{LABEL_SUBACCOUNT}) as one of global account {tenant!r}",
+            label=LABEL_SUBACCOUNT,
+            value=subaccount,
+        )
+    return None

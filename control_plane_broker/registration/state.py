@@ -1,8 +1,11 @@
 """The registration record (a `CompassManagerMapping`) and the pure decisions taken on it.
 
 What always holds:
-- A mapping with the label `kyma-project.io/compass-runtime-id` is final: it is adopted as is
-  (also when compass-manager wrote it) and nobody registers that Kyma again.
+- A mapping with the label `kyma-project.io/compass-runtime-id` is adopted as is (also when
+  compass-manager wrote it) and nobody registers that Kyma again, until Director itself shows
+  that runtime gone (`runtime(id:)` is null): then the ID is removed with the resourceVersion it
+  was read at (`forgotten`), so of several replicas that notice, one removes it, and the next
+  registration looks the runtime up before registering it again.
 - Only the holder of an unexpired claim talks to Director about registering; a claim is taken by
   create or by update with the observed resourceVersion, so two replicas cannot both win.
 - Before registering, Director is searched by our own label; a hit is recorded, never duplicated.
@@ -131,6 +134,51 @@ def _stamp(ts: float | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class TenantRefusal:
+    """`status.compassRefusal`: Director did not know the global account or subaccount the
+    Kyma named when it last tried to register (times as epoch seconds)."""
+
+    global_account: str
+    subaccount: str | None
+    label: str  # the Kyma label that names what Director does not know
+    value: str
+    at: float
+
+    @classmethod
+    def parse(cls, raw: object) -> TenantRefusal | None:
+        if not isinstance(raw, dict):
+            return None
+        at = from_rfc3339(_text(raw.get("at")))
+        account, label, value = (_text(raw.get(k)) for k in ("globalAccount", "label", "value"))
+        if at is None or account is None or label is None or value is None:
+            return None
+        return cls(account, _text(raw.get("subaccount")), label, value, at)
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "globalAccount": self.global_account,
+            "subaccount": self.subaccount,
+            "label": self.label,
+            "value": self.value,
+            "at": to_rfc3339(self.at),
+        }
+
+
+def refusal_stands(
+    refusal: TenantRefusal | None, kyma: KymaView, *, now: float, recheck_seconds: float
+) -> bool:
+    """Is Director's refusal of this Kyma's tenants still the answer? Yes while the Kyma names
+    the same global account and subaccount and the recheck period has not passed (a
+    subaccount appears in Director once its tenant fetcher syncs it, with no change here)."""
+    return (
+        refusal is not None
+        and refusal.global_account == kyma.tenant
+        and refusal.subaccount == (kyma.labels.get(LABEL_SUBACCOUNT) or None)
+        and 0 <= now - refusal.at < recheck_seconds
+    )
+
+
+@dataclass(frozen=True)
 class Mapping:
     """A parsed `CompassManagerMapping`; `raw` keeps unknown fields so writes preserve them.
 
@@ -156,6 +204,7 @@ class Mapping:
     revoked: str | None = None  # the operator's reason ("" counts: the annotation revokes)
     connection: ConnectionRecord | None = None
     last_token_issued_at: float | None = None
+    tenant_refusal: TenantRefusal | None = None
 
     @property
     def raw(self) -> dict[str, Any]:
@@ -189,6 +238,7 @@ class Mapping:
             ),
             connection=ConnectionRecord.parse(status.get("connection")),
             last_token_issued_at=from_rfc3339(_text(status.get("lastTokenIssuedAt"))),
+            tenant_refusal=TenantRefusal.parse(status.get("compassRefusal")),
         )
 
 
@@ -376,6 +426,18 @@ def recorded(
     annotations.pop(ANNOTATION_EXPIRES, None)
     if director_labels is not None:
         annotations[ANNOTATION_REGISTERED_LABELS] = json.dumps(director_labels, sort_keys=True)
+    meta["annotations"] = annotations
+    return obj
+
+
+def forgotten(mapping: Mapping) -> dict[str, Any]:
+    """The mapping without its Compass runtime ID and the labels registered with it: Director
+    showed that runtime gone. The runtime is registered again (after a look-up) on demand."""
+    obj = mapping.raw
+    meta = obj.setdefault("metadata", {})
+    meta["labels"] = {k: v for k, v in (meta.get("labels") or {}).items() if k != LABEL_COMPASS_ID}
+    annotations = dict(meta.get("annotations") or {})
+    annotations.pop(ANNOTATION_REGISTERED_LABELS, None)
     meta["annotations"] = annotations
     return obj
 

@@ -218,6 +218,7 @@ class Plant:
             mappings=self.mappings,
             repo=self.repo,
             director=director,
+            registration=self.registration,
             events=self.events,
             status=self.status,
             metrics=self.metrics,

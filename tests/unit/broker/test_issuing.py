@@ -12,11 +12,16 @@ from typing import Any
 import pytest
 
 from control_plane_broker import circuit_breaker as cb
-from control_plane_broker.director.errors import DirectorRetryable
+from control_plane_broker.director.errors import (
+    DirectorFailed,
+    DirectorPermanent,
+    DirectorRetryable,
+)
 from control_plane_broker.director.guard import CallerPresent, DirectorGuard
 from control_plane_broker.director.models import OneTimeToken
 from control_plane_broker.errors import (
     CallerGone,
+    CompassTenantUnknown,
     CompassUnavailable,
     IdentityNotProven,
     ModuleNotEnabled,
@@ -82,6 +87,8 @@ class Recorder:
 
     kymas: dict[str, KymaView] = field(default_factory=lambda: {KYMA.name: KYMA})
     known: Registered | None = None
+    refusal: CompassTenantUnknown | None = None
+    gone: set[str] = field(default_factory=set)  # Compass IDs Director no longer has
     proof_error: Exception | None = None
     token_error: Exception | None = None
     asked: list[str] = field(default_factory=list)
@@ -110,10 +117,23 @@ class Registration:
     def __init__(self, recorder: Recorder) -> None:
         self._r = recorder
 
+    def refused(self, kyma: KymaView) -> CompassTenantUnknown | None:
+        return self._r.refusal
+
     def known(self, kyma: KymaView) -> Registered | None:
         return self._r.known
 
-    async def ensure_registered(self, kyma: KymaView) -> Registered:
+    async def is_gone(self, registered: Registered) -> bool:
+        self._r.asked.append(f"runtime {registered.compass_id}")
+        return registered.compass_id in self._r.gone
+
+    async def forget(self, name: str, compass_id: str) -> tuple[None, bool]:
+        self._r.asked.append(f"forget {compass_id}")
+        self._r.known = None
+        self._r.token_error = None  # the runtime registered again gets its tokens
+        return None, True
+
+    async def ensure_registered(self, kyma: KymaView, *, fresh: object = None) -> Registered:
         self._r.asked.append(f"register {kyma.name}")
         await asyncio.sleep(0)
         return REGISTERED
@@ -153,6 +173,12 @@ class Status:
     async def failed(self, **kwargs: Any) -> bool:
         self._r.statuses.append(("failed", kwargs))
         return True
+
+    async def runtime_lost(self, *, kyma: KymaView, compass_id: str) -> None:
+        self._r.statuses.append(("lost", compass_id))
+
+    def now(self) -> float:
+        return 1_700_000_000.0
 
 
 class Clock:
@@ -382,3 +408,52 @@ async def test_a_revoked_runtime_is_refused_once_proven_and_told_on_its_kyma() -
     del w.recorder.mapping_view.items[KYMA.name]
     await w.issuer.issue("RT-1", HEADERS)
     assert len(w.recorder.tokens) == 1
+
+
+async def test_a_runtime_gone_from_director_is_forgotten_and_registered_again_once() -> None:
+    w = world()
+    w.recorder.known = Registered("dead-id", "ga", "adopted")
+    w.recorder.gone = {"dead-id"}
+    w.recorder.token_error = DirectorPermanent(
+        "requestOneTimeTokenForRuntime: The operation is not allowed [object=systemAuth; "
+        "reason=The referenced entity does not exists]",
+        code=27,
+    )
+    issued = await w.issuer.issue("rt-1", HEADERS)
+    assert issued.compass_runtime_id == REGISTERED.compass_id
+    assert [
+        a for a in w.recorder.asked if a.split()[0] in {"token", "runtime", "forget", "register"}
+    ] == [
+        "token dead-id",
+        "runtime dead-id",
+        "forget dead-id",
+        "register rt-1",
+        f"token {REGISTERED.compass_id}",
+    ]
+    assert ("lost", "dead-id") in w.recorder.statuses
+    assert w.guard.state is cb.State.CLOSED
+
+
+async def test_a_refused_token_for_a_runtime_that_exists_is_not_a_lost_runtime() -> None:
+    w = world()
+    w.recorder.known = Registered("live-id", "ga", "adopted")
+    w.recorder.token_error = DirectorFailed("requestOneTimeTokenForRuntime: Internal Server Error")
+    with pytest.raises(DirectorFailed):
+        await w.issuer.issue("rt-1", HEADERS)
+    assert "runtime live-id" in w.recorder.asked
+    assert not any(a.startswith(("forget", "register")) for a in w.recorder.asked)
+    assert w.recorder.statuses[-1][0] == "failed"
+
+
+async def test_a_remembered_tenant_refusal_costs_no_director_call_and_no_capacity() -> None:
+    w = world(max_concurrency=1)
+    w.recorder.refusal = CompassTenantUnknown(
+        "Compass does not know the subaccount 'sa'",
+        label="kyma-project.io/subaccount-id",
+        value="sa",
+    )
+    for _ in range(3):
+        with pytest.raises(CompassTenantUnknown):
+            await w.issuer.issue("rt-1", HEADERS)
+    assert not any(a.startswith(("token", "register")) for a in w.recorder.asked)
+    assert w.guard.calendar.tickets() == 0

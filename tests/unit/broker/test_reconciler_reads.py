@@ -38,6 +38,7 @@ async def test_a_registration_in_flight_is_looked_at_again_later_without_a_read(
         mappings=_View({"rt-1": claimed}),  # type: ignore[arg-type]
         repo=_NoReads(),  # type: ignore[arg-type]
         director=None,  # type: ignore[arg-type]
+        registration=None,  # type: ignore[arg-type]
         events=None,  # type: ignore[arg-type]
         status=None,  # type: ignore[arg-type]
         metrics=Metrics(),
