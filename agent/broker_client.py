@@ -7,11 +7,15 @@ Every answer becomes one typed outcome (`agent.outcomes`), translated here and n
     201 + token JSON                          → Issued
     2xx to a report                           → Accepted(nextReportAfterSeconds, if usable)
     401, 403, 404, 409 (and other 4xx)        → Refused(status, problem type)
-    408, 425, 429, 5xx, transport errors,
+    502 `compass-rejected`                    → Refused (Director refused for good)
+    408, 425, 429, other 5xx, transport errors,
     garbage, no identity proof right now      → Temporary(retry_after from `Retry-After`)
 
 (408 and 425 come from proxies and gateways in front of the broker and say "try again": taking
-them for a refusal would make the agent wait the slow refusal cadence for nothing.)
+them for a refusal would make the agent wait the slow refusal cadence for nothing. A 502 is a
+refusal only with the broker's own problem type `compass-rejected`, which its docs call
+permanent: retried at the backoff's pace it cost one Director call each time for ever. A 502 of
+a gateway, or the broker's `compass-failed`, stays Temporary and backs off to the cap.)
 
 `pull()` retries Temporary outcomes forever (tenacity, with `agent.retry.next_delay`: capped
 exponential backoff over the failures in a row without `Retry-After`, full jitter, `Retry-After`
@@ -49,6 +53,8 @@ AttemptHook = Callable[[Outcome], None]
 
 PROBLEM_JSON = "application/problem+json"
 _TEMPORARY_4XX = frozenset({408, 425, 429})  # Request Timeout, Too Early, Too Many Requests
+# The broker's problem types (`urn:…:broker:problem:<slug>`) that refuse for good at a 5xx status.
+_PERMANENT_5XX_PROBLEMS = frozenset({"compass-rejected"})
 DEFAULT_TOKEN_LIFETIME = timedelta(minutes=60)  # Compass's default for runtime tokens
 
 
@@ -143,8 +149,14 @@ def _next_report_after(content: bytes) -> float | None:
     return float(value)
 
 
+def _permanent_5xx(problem: Problem) -> bool:
+    return problem.type.rsplit(":", 1)[-1] in _PERMANENT_5XX_PROBLEMS
+
+
 def _not_done(response: httpx.Response, *, now: datetime) -> Refused | Temporary:
     status = response.status_code
+    if status >= 500 and _permanent_5xx(problem := _problem(response)):
+        return Refused(status=status, reason=problem.type, detail=problem.detail)
     if status in _TEMPORARY_4XX or status >= 500:
         problem = _problem(response)
         return Temporary(

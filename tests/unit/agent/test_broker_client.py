@@ -88,6 +88,46 @@ async def test_permanent_statuses_are_refusals(status: int) -> None:
     assert outcome == Refused(status=status, reason=f"urn:x:{status}", detail="why")
 
 
+BROKER_PROBLEM = "urn:kyma-compass-pull:broker:problem:"
+
+
+async def test_a_502_the_broker_calls_permanent_is_a_refusal_not_a_retry_loop() -> None:
+    """Each retry of a `compass-rejected` was one more Director call, for ever: the agent now
+    takes it as a refusal (asked again at the refusal cadence or when the Kyma changes)."""
+    sleeps: list[float] = []
+    asked: list[int] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        asked.append(1)
+        if len(asked) > 3:  # an agent that retried would get a token here
+            return httpx.Response(201, json=TOKEN_BODY)
+        return problem(502, BROKER_PROBLEM + "compass-rejected")
+
+    client = make_client(httpx.MockTransport(handle), sleeps)
+    outcome = await client.pull("rt")
+    await client.aclose()
+    assert outcome == Refused(status=502, reason=BROKER_PROBLEM + "compass-rejected", detail="why")
+    assert (len(asked), sleeps) == (1, [])
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        problem(502, BROKER_PROBLEM + "compass-failed"),  # Director's internal error: unknown
+        httpx.Response(502),  # a gateway in front of the broker
+        problem(502, "urn:other:compass-rejected-ish"),
+    ],
+)
+async def test_other_502s_back_off_to_the_cap(response: httpx.Response) -> None:
+    sleeps: list[float] = []
+    answers = iter([response] * 6 + [httpx.Response(201, json=TOKEN_BODY)])
+    client = make_client(httpx.MockTransport(lambda r: next(answers)), sleeps)
+    outcome = await client.pull("rt")
+    await client.aclose()
+    assert isinstance(outcome, Issued)
+    assert sleeps == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]  # capped at the policy's 8 s
+
+
 @pytest.mark.parametrize(
     ("response", "expected"),
     [
