@@ -146,7 +146,7 @@ class Gateway:
             {"keys": [{**jwk, "kid": _KEY_ID, "alg": "RS256", "use": "sig"}]}
         ).encode()
         self._tokens: dict[str, _Token] = {}
-        self._jwts: dict[tuple[str, str | None], tuple[str, float]] = {}
+        self._jwts: dict[tuple[str, str | None, str | None], tuple[str, float]] = {}
         self._tenants: dict[str, str] = {}
         self._lock = threading.Lock()
         self._rules: list[LossRule] = []
@@ -381,7 +381,9 @@ class Gateway:
         return internal
 
     def _jwt_for(self, token: _Token, bearer: str, tenant: dict[str, str]) -> str:
-        key = (bearer, tenant.get("externalTenant"))
+        # Keyed by the internal ID too: a tenant found after a miss must not get the JWT minted
+        # for the miss.
+        key = (bearer, tenant.get("externalTenant"), tenant.get("consumerTenant"))
         now = time.time()
         with self._lock:
             cached = self._jwts.get(key)

@@ -68,28 +68,27 @@ def build_director() -> Path:
 
     Progress goes to our stderr as it happens (the first build takes minutes).
     """
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         ["bash", str(BUILD_SCRIPT)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group: interrupted, `go build` goes too
-    )
-    assert proc.stderr is not None
-    assert proc.stdout is not None
-    last = ""
-    try:
-        for line in proc.stderr:
-            sys.stderr.write(line)
-            if line.strip():
-                last = line.strip()
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
-        raise
-    out = proc.stdout.read().strip()
-    code = proc.wait()
+    ) as proc:
+        assert proc.stderr is not None
+        assert proc.stdout is not None
+        last = ""
+        try:
+            for line in proc.stderr:
+                sys.stderr.write(line)
+                if line.strip():
+                    last = line.strip()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            raise
+        out = proc.stdout.read().strip()
+        code = proc.wait()
     if code == EXIT_NO_SOURCE:
         raise CompassSourceMissing(last.removeprefix("real-director: "))
     if code != 0 or not out:

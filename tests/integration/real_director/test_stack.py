@@ -1,0 +1,424 @@
+"""The real Director stack answers as Compass does: OAuth token, tenant mapping, labels Director
+adds, errors, lost answers after Director acted, call counts, and the command's clean stop.
+
+Requests are plain httpx with the broker's own GraphQL documents; Director's database is the
+judge of what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from control_plane_broker.director import documents
+from control_plane_broker.settings import load_director_credentials
+from devenv.real_director import RealCompass
+from tests.conftest import REPO_ROOT
+
+# The first use builds Director when `make real-compass` has not (minutes on a cold cache).
+pytestmark = pytest.mark.timeout(600)
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def http() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def token(real_compass: RealCompass, http: httpx.Client) -> str:
+    response = http.post(
+        real_compass.token_url,
+        auth=(real_compass.client_id, real_compass.client_secret),
+        data={"grant_type": "client_credentials", "scope": "runtime:read runtime:write"},
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["token_type"] == "bearer"
+    assert body["expires_in"] > 0
+    return str(body["access_token"])
+
+
+def _graphql(
+    http: httpx.Client,
+    stack: RealCompass,
+    token: str,
+    tenant: str,
+    document: str,
+    variables: dict[str, Any],
+) -> httpx.Response:
+    return http.post(
+        stack.director_url,
+        headers={"Authorization": f"Bearer {token}", "Tenant": tenant},
+        json={"query": document, "variables": variables},
+    )
+
+
+def _register(
+    http: httpx.Client, stack: RealCompass, token: str, tenant: str, labels: dict[str, Any]
+) -> httpx.Response:
+    return _graphql(
+        http,
+        stack,
+        token,
+        tenant,
+        documents.REGISTER_RUNTIME,
+        {"in": {"name": _unique("kyma"), "labels": labels}},
+    )
+
+
+def test_register_runtime_through_the_gateway_gets_the_labels_director_adds(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    account, subaccount = _unique("ga"), _unique("sa")
+    real_compass.add_global_account(account)
+    real_compass.add_subaccount(subaccount, parent=account, region="cf-eu10")
+    runtime_id = _unique("rt")
+
+    response = _register(
+        http,
+        real_compass,
+        token,
+        account,
+        {"kyma_runtime_id": runtime_id, "global_subaccount_id": subaccount},
+    )
+
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert "errors" not in body, body
+    answered = body["data"]["registerRuntime"]
+    assert answered["labels"]["runtimeType"] == "kyma"
+    assert answered["labels"]["region"] == "cf-eu10"
+    assert answered["labels"]["kyma_runtime_id"] == runtime_id
+    stored = real_compass.runtimes(label_key="kyma_runtime_id", label_value=runtime_id)
+    assert [r["id"] for r in stored] == [answered["id"]]
+    assert stored[0]["labels"]["runtimeType"] == "kyma"
+    # The subaccount owns it and the global account sees it through the tenant tree.
+    tenants = real_compass.runtime_tenants(answered["id"])
+    assert tenants.get(subaccount) is True
+    assert account in tenants
+
+
+def test_a_runtime_without_subaccount_gets_an_empty_region(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    runtime_id = _unique("rt")
+
+    response = _register(http, real_compass, token, account, {"kyma_runtime_id": runtime_id})
+
+    assert response.status_code == 200, response.text
+    labels = response.json()["data"]["registerRuntime"]["labels"]
+    assert labels["region"] == ""
+    assert labels["runtimeType"] == "kyma"
+
+
+def test_one_time_token_carries_the_connector_url_we_chose(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    registered = _register(http, real_compass, token, account, {"kyma_runtime_id": _unique("rt")})
+    runtime = registered.json()["data"]["registerRuntime"]
+
+    response = _graphql(
+        http, real_compass, token, account, documents.REQUEST_OTT, {"id": runtime["id"]}
+    )
+
+    assert response.status_code == 200, response.text
+    ott = response.json()["data"]["requestOneTimeTokenForRuntime"]
+    assert ott["connectorURL"] == real_compass.connector_url
+    assert ott["used"] is False
+    assert len(ott["token"]) == 88
+
+
+def test_an_unknown_tenant_is_http_400_code_25(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    stranger = _unique("unknown-ga")
+
+    response = _register(http, real_compass, token, stranger, {"kyma_runtime_id": _unique("rt")})
+
+    assert response.status_code == 400, response.text
+    errors = response.json()["errors"]
+    assert errors[0]["extensions"]["error_code"] == 25
+    assert stranger in errors[0]["message"]
+
+
+def test_a_tenant_added_after_a_miss_is_found(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    late = _unique("late-ga")
+    first = _register(http, real_compass, token, late, {"kyma_runtime_id": _unique("rt")})
+    assert first.status_code == 400
+
+    # Written straight to the database, as the tenant fetcher would: the gateway must not
+    # have remembered the miss.
+    real_compass.query(
+        "INSERT INTO business_tenant_mappings (id, external_name, external_tenant, "
+        "provider_name, type) VALUES (gen_random_uuid(), :'ext', :'ext', 'test', 'account')",
+        ext=late,
+    )
+    second = _register(http, real_compass, token, late, {"kyma_runtime_id": _unique("rt")})
+
+    assert second.status_code == 200, second.text
+    assert "errors" not in second.json()
+
+
+def test_only_tokens_the_gateway_issued_pass(real_compass: RealCompass, http: httpx.Client) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    before = real_compass.calls()
+
+    forged = _register(http, real_compass, "not-a-token", account, {})
+    wrong_secret = http.post(
+        real_compass.token_url,
+        auth=(real_compass.client_id, "wrong"),
+        data={"grant_type": "client_credentials"},
+    )
+    too_much = http.post(
+        real_compass.token_url,
+        auth=(real_compass.client_id, real_compass.client_secret),
+        data={"grant_type": "client_credentials", "scope": "runtime:read tenant:write"},
+    )
+
+    assert forged.status_code == 401
+    assert wrong_secret.status_code == 401
+    assert wrong_secret.json()["error"] == "invalid_client"
+    assert too_much.status_code == 400
+    assert too_much.json()["error"] == "invalid_scope"
+    assert real_compass.calls() == before  # Director never saw the forged call
+
+
+def test_a_read_only_token_cannot_register(real_compass: RealCompass, http: httpx.Client) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    response = http.post(
+        real_compass.token_url,
+        auth=(real_compass.client_id, real_compass.client_secret),
+        data={"grant_type": "client_credentials", "scope": "runtime:read"},
+    )
+    read_only = response.json()["access_token"]
+    runtime_id = _unique("rt")
+
+    refused = _register(http, real_compass, read_only, account, {"kyma_runtime_id": runtime_id})
+
+    body = refused.json()
+    assert body["errors"][0]["extensions"]["error_code"] == 23  # insufficient scopes
+    assert real_compass.runtime_count(label_key="kyma_runtime_id", label_value=runtime_id) == 0
+
+
+def test_a_lost_answer_leaves_the_runtime_registered_in_director(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    lost_id, next_id = _unique("rt"), _unique("rt")
+    lost_before = real_compass.lost().get("registerRuntime", 0)
+    real_compass.lose_answers("registerRuntime", count=1)
+    try:
+        lost = _register(http, real_compass, token, account, {"kyma_runtime_id": lost_id})
+        answered = _register(http, real_compass, token, account, {"kyma_runtime_id": next_id})
+    finally:
+        real_compass.clear_faults()
+
+    # The caller saw what a gateway says when its upstream times out ...
+    assert lost.status_code == 504
+    assert lost.text == "upstream request timeout"
+    # ... while Director registered the runtime all the same.
+    assert real_compass.runtime_count(label_key="kyma_runtime_id", label_value=lost_id) == 1
+    # The count was one: the next call is answered.
+    assert answered.status_code == 200
+    assert real_compass.runtime_count(label_key="kyma_runtime_id", label_value=next_id) == 1
+    assert real_compass.lost().get("registerRuntime", 0) == lost_before + 1
+
+
+def test_a_dropped_connection_after_director_acted(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    runtime_id = _unique("rt")
+    real_compass.lose_answers("RegisterRuntime", mode="drop")  # by operation name this time
+    try:
+        with pytest.raises(httpx.TransportError):
+            _register(http, real_compass, token, account, {"kyma_runtime_id": runtime_id})
+    finally:
+        real_compass.clear_faults()
+
+    assert real_compass.runtime_count(label_key="kyma_runtime_id", label_value=runtime_id) == 1
+
+
+def test_lost_answers_follow_the_ratio(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    ids = [_unique("rt") for _ in range(12)]
+    real_compass.lose_answers("registerRuntime", ratio=0.5)
+    try:
+        statuses = [
+            _register(http, real_compass, token, account, {"kyma_runtime_id": rid}).status_code
+            for rid in ids
+        ]
+    finally:
+        real_compass.clear_faults()
+
+    # 12 calls at one half: all failing or none failing is a 1 in 2,048 chance.
+    assert 0 < statuses.count(504) < len(ids)
+    assert set(statuses) == {200, 504}
+    assert all(
+        real_compass.runtime_count(label_key="kyma_runtime_id", label_value=rid) == 1 for rid in ids
+    )
+
+
+def test_calls_are_counted_per_operation(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    before = real_compass.calls()
+
+    runtime_id = _unique("rt")
+    _register(http, real_compass, token, account, {"kyma_runtime_id": runtime_id})
+    _register(http, real_compass, token, account, {"kyma_runtime_id": _unique("rt")})
+    listed = _graphql(
+        http,
+        real_compass,
+        token,
+        account,
+        documents.RUNTIMES_BY_LABEL,
+        {"filter": [{"key": "kyma_runtime_id", "query": f'"{runtime_id}"'}], "first": 10},
+    )
+
+    after = real_compass.calls()
+    assert listed.status_code == 200, listed.text
+    assert [r["labels"]["kyma_runtime_id"] for r in listed.json()["data"]["runtimes"]["data"]] == [
+        runtime_id
+    ]
+    assert after.get("registerRuntime", 0) - before.get("registerRuntime", 0) == 2
+    assert after.get("runtimes", 0) - before.get("runtimes", 0) == 1
+    # The admin API tells the same to a stack run as a separate process.
+    admin = http.get(f"{real_compass.gateway_url}/_gateway/calls").json()
+    assert admin["calls"]["registerRuntime"] >= after["registerRuntime"]
+
+
+def test_the_admin_api_sets_and_clears_faults(
+    real_compass: RealCompass, http: httpx.Client
+) -> None:
+    base = f"{real_compass.gateway_url}/_gateway/faults"
+    bad = http.put(base, json={"operation": "registerRuntime", "ratio": 2})
+    put = http.put(base, json={"operation": "unregisterRuntime", "count": 2, "mode": "drop"})
+    listed = http.get(base).json()
+    cleared = http.delete(base)
+
+    assert bad.status_code == 400
+    assert put.status_code == 200
+    assert listed["lose_answers"] == [
+        {"operation": "unregisterRuntime", "ratio": 1.0, "remaining": 2, "mode": "drop"}
+    ]
+    assert cleared.status_code == 204
+    assert http.get(base).json()["lose_answers"] == []
+
+
+def test_the_credentials_file_is_what_the_broker_reads(
+    real_compass: RealCompass, http: httpx.Client, tmp_path: Path
+) -> None:
+    path = real_compass.write_credentials_file(tmp_path / "credentials.yaml")
+
+    credentials = load_director_credentials(path)
+    response = http.post(
+        credentials.tokens_endpoint,
+        auth=(credentials.client_id, credentials.client_secret),
+        data={"grant_type": "client_credentials"},
+    )
+
+    assert response.status_code == 200, response.text
+    assert credentials.client_id == real_compass.client_id
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_the_command_stops_everything_it_started_on_sigterm(
+    real_compass: RealCompass, tmp_path: Path
+) -> None:
+    """Runs after the fixture, so the build is done and the cached database template exists."""
+    workdir = tmp_path / "cli"
+    credentials = tmp_path / "credentials.yaml"
+    pids: dict[str, int] = {}
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "devenv.real_director",
+            "--workdir",
+            str(workdir),
+            "--subaccount",
+            "cli-sa:cli-ga:eu-1",
+            "--credentials-file",
+            str(credentials),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # blocks until ready (or the command died)
+            assert line, f"no JSON line; stderr:\n{proc.stderr.read() if proc.stderr else ''}"
+            started = json.loads(line)
+            pids = started["pids"]
+            assert set(pids) == {"director", "postgres", "etcd", "kube-apiserver"}
+            assert all(_alive(pid) for pid in pids.values())
+            token = httpx.post(
+                started["token_url"],
+                auth=(started["client_id"], started["client_secret"]),
+                data={"grant_type": "client_credentials"},
+            ).json()["access_token"]
+            registered = httpx.post(
+                started["director_url"],
+                headers={"Authorization": f"Bearer {token}", "Tenant": "cli-ga"},
+                json={
+                    "query": documents.REGISTER_RUNTIME,
+                    "variables": {
+                        "in": {"name": "cli", "labels": {"global_subaccount_id": "cli-sa"}}
+                    },
+                },
+                timeout=30,
+            )
+            assert registered.json()["data"]["registerRuntime"]["labels"]["region"] == "eu-1"
+            assert load_director_credentials(credentials).client_id == started["client_id"]
+
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert {name for name, pid in pids.items() if _alive(pid)} == set()
