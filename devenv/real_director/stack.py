@@ -60,7 +60,9 @@ def find_compass_source() -> tuple[Path | None, str]:
     if result.returncode == 0 and result.stdout.strip():
         return Path(result.stdout.strip()), ""
     reason = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
-    return None, reason or f"{BUILD_SCRIPT} --find-source failed ({result.returncode})"
+    return None, reason.removeprefix(
+        "real-director: "
+    ) or f"{BUILD_SCRIPT} --find-source failed ({result.returncode})"
 
 
 def build_director() -> Path:
