@@ -18,8 +18,13 @@ plan) and ordered — the first rule that applies wins:
 4. no secret              → PULL (the runtime agent only runs while the secret exists, so a
    CompassConnection without a secret says nothing about the present)
 5. connection healthy     → IDLE (a restarted agent asks for nothing)
-6. ConnectionFailed       → PULL when the token expired or was handed over longer ago than
-                            the handover grace; else WAIT until one of those is true
+6. ConnectionFailed       → PULL when the token expired, or compass-runtime-agent has tried
+                            it (the CompassConnection's lastSync differs from the one recorded
+                            when the token was written); an untried token is never replaced:
+                            NUDGE (an annotation on the CompassConnection, on which the runtime
+                            agent reconciles at once) once its minimal sync time has passed
+                            since its last attempt, then WAIT. A secret without that record
+                            falls back to the handover grace
 7. other failed states    → IDLE (they come after a certificate was issued; a token won't help)
 8. no CompassConnection   → PULL when the token expired and the connection grace since it was
                             written is over; else WAIT until both are true
@@ -31,7 +36,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from agent.model import Connection, TokenRecord
+from agent.model import Connection, TokenRecord, format_time
 from agent.outcomes import Issued, Outcome, Refused
 from agent.retry import DEFAULT_POLICY, RetryPolicy, step
 
@@ -42,6 +47,7 @@ class Action(StrEnum):
     IDLE = "idle"
     WAIT = "wait"
     RECHECK = "recheck-revocation"  # one token request, no retries: is the runtime still revoked?
+    NUDGE = "nudge-runtime-agent"  # annotate the CompassConnection: try the token now
 
 
 class Reason(StrEnum):
@@ -57,6 +63,8 @@ class Reason(StrEnum):
     CONNECTION_HEALTHY = "connection-healthy"
     CONNECTION_FAILED_TOKEN_STALE = "connection-failed-token-stale"  # noqa: S105 - a name, not a password
     CONNECTION_FAILED_TOKEN_FRESH = "connection-failed-token-fresh"  # noqa: S105 - a name, not a password
+    CONNECTION_FAILED_TOKEN_TRIED = "connection-failed-token-tried"  # noqa: S105 - a name, not a password
+    CONNECTION_FAILED_TOKEN_UNTRIED = "connection-failed-token-untried"  # noqa: S105 - a name, not a password
     CONNECTION_OTHER_FAILURE = "connection-other-failure"
     NO_CONNECTION_TOKEN_EXPIRED = "no-connection-token-expired"  # noqa: S105 - a name, not a password
     WAITING_FOR_CONNECTION = "waiting-for-connection"
@@ -105,6 +113,9 @@ class Rules:
     refusal_cadence: timedelta
     delete_secret_on_disable: bool = True
     spacing: RetryPolicy = DEFAULT_POLICY
+    # compass-runtime-agent ignores a reconcile sooner than this after its last attempt
+    # (APP_MINIMAL_COMPASS_SYNC_TIME, 15 s in the module), plus a second: lastSync has seconds only.
+    runtime_agent_min_sync: timedelta = timedelta(seconds=16)
 
 
 @dataclass(frozen=True)
@@ -147,6 +158,8 @@ def _token_plan(observed: Observed, rules: Rules) -> Plan:  # noqa: PLR0911 - a 
     if connection is not None and connection.failed:
         if secret.expired(now) or secret.issued_at is None:
             return Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_STALE)
+        if secret.connection_seen is not None:
+            return _failed_with_recorded_token(secret, connection, now, rules)
         handed_over_until = secret.issued_at + rules.handover_grace
         if handed_over_until <= now:
             return Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_STALE)
@@ -162,6 +175,30 @@ def _token_plan(observed: Observed, rules: Rules) -> Plan:  # noqa: PLR0911 - a 
         return Plan(Action.PULL, Reason.NO_CONNECTION_TOKEN_EXPIRED)
     candidates = [t for t in (grace_over_at, secret.expires_at) if t is not None and t > now]
     return Plan(Action.WAIT, Reason.WAITING_FOR_CONNECTION, max(candidates))
+
+
+def handed_over_value(secret: TokenRecord) -> str | None:
+    """What the agent writes into the CompassConnection's annotation for this token."""
+    return None if secret.issued_at is None else format_time(secret.issued_at)
+
+
+def _failed_with_recorded_token(
+    secret: TokenRecord, connection: Connection, now: datetime, rules: Rules
+) -> Plan:
+    """ConnectionFailed with a token whose hand-over the secret recorded: one token per try."""
+    assert secret.expires_at is not None  # not expired implies known
+    if connection.last_sync_text != secret.connection_seen:
+        return Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_TRIED)
+    if connection.handed_over == handed_over_value(secret):
+        # Asked already; its next attempt (at the latest its resync) changes lastSync.
+        return Plan(Action.WAIT, Reason.CONNECTION_FAILED_TOKEN_UNTRIED, secret.expires_at)
+    last_attempt = connection.last_sync
+    nudge_at = now if last_attempt is None else last_attempt + rules.runtime_agent_min_sync
+    if nudge_at <= now:
+        return Plan(Action.NUDGE, Reason.CONNECTION_FAILED_TOKEN_UNTRIED)
+    return Plan(
+        Action.WAIT, Reason.CONNECTION_FAILED_TOKEN_UNTRIED, min(nudge_at, secret.expires_at)
+    )
 
 
 def _respect_refusal(observed: Observed, rules: Rules) -> Plan | None:

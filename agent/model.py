@@ -28,6 +28,14 @@ ANNOTATION_PREFIX = "compass-agent.kyma-project.io/"
 EXPIRES_AT_ANNOTATION = ANNOTATION_PREFIX + "token-expires-at"
 ISSUED_AT_ANNOTATION = ANNOTATION_PREFIX + "token-issued-at"
 COMPASS_RUNTIME_ID_ANNOTATION = ANNOTATION_PREFIX + "compass-runtime-id"
+# On the secret: the CompassConnection's `status.connectionStatus.lastSync` when the token was
+# written ("" when there was none). compass-runtime-agent stamps lastSync on every attempt, so a
+# different lastSync later means it has tried this token.
+CONNECTION_SEEN_ANNOTATION = ANNOTATION_PREFIX + "connection-last-sync-at-write"
+# On the CompassConnection: the issue time of the token the agent asked compass-runtime-agent to
+# try. Changing it is an update event, on which compass-runtime-agent reconciles at once instead
+# of at its next resync (180 s in the module).
+HANDED_OVER_ANNOTATION = ANNOTATION_PREFIX + "token-handed-over"
 
 SECRET_KEYS = ("CONNECTOR_URL", "TOKEN", "RUNTIME_ID", "TENANT")
 
@@ -111,6 +119,9 @@ class TokenRecord:
     # Lower-case hex SHA-256 of the TOKEN the agent wrote (None in a secret someone else wrote):
     # lets the control plane match the token it issued without the token leaving the runtime.
     token_sha256: str | None = None
+    # The CompassConnection's lastSync when the token was written ("" = none); None when the
+    # secret carries no such record (written by someone else or an older agent).
+    connection_seen: str | None = None
 
     @classmethod
     def from_secret(cls, raw: Mapping[str, Any]) -> TokenRecord:
@@ -125,12 +136,17 @@ class TokenRecord:
             issued_at=parse_time(annotations.get(ISSUED_AT_ANNOTATION)),
             compass_runtime_id=runtime if isinstance(runtime, str) and runtime else None,
             token_sha256=_token_digest(_mapping(raw.get("data")).get("TOKEN")) if managed else None,
+            connection_seen=_text(annotations.get(CONNECTION_SEEN_ANNOTATION)) if managed else None,
         )
 
     def expired(self, now: datetime) -> bool:
         # Unknown expiry (a secret someone else wrote) counts as expired: we cannot prove it
         # is still usable, and a connection that fails with it needs a fresh one.
         return self.expires_at is None or self.expires_at <= now
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _token_digest(encoded: object) -> str | None:
@@ -151,18 +167,30 @@ class Connection:
     state: str | None
     error: str | None
     certificate_not_after: datetime | None = None
+    # `status.connectionStatus.lastSync` as written ("" when absent): compass-runtime-agent sets
+    # it on every attempt, and compared as text it needs no clock.
+    last_sync_text: str = ""
+    handed_over: str | None = None  # HANDED_OVER_ANNOTATION
+
+    @property
+    def last_sync(self) -> datetime | None:
+        return parse_time(self.last_sync_text)
 
     @classmethod
     def from_object(cls, raw: Mapping[str, Any]) -> Connection:
         status = _mapping(_mapping(raw).get("status"))
+        annotations = _mapping(_mapping(_mapping(raw).get("metadata")).get("annotations"))
         state = status.get("connectionState")
         connection_status = _mapping(status.get("connectionStatus"))
+        last_sync = connection_status.get("lastSync")
         error = connection_status.get("error")
         not_after = _mapping(connection_status.get("certificateStatus")).get("notAfter")
         return cls(
             state=state if isinstance(state, str) and state else None,
             error=error if isinstance(error, str) and error else None,
             certificate_not_after=parse_time(not_after),
+            last_sync_text=last_sync if isinstance(last_sync, str) else "",
+            handed_over=_text(annotations.get(HANDED_OVER_ANNOTATION)),
         )
 
     @property

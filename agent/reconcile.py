@@ -35,7 +35,14 @@ from agent.kube import resources
 from agent.kube import secret as secret_io
 from agent.kube.events import EventReason, event_type
 from agent.metrics import AgentMetrics
-from agent.model import Connection, ConnectionState, KymaView, TokenRecord, fingerprint
+from agent.model import (
+    HANDED_OVER_ANNOTATION,
+    Connection,
+    ConnectionState,
+    KymaView,
+    TokenRecord,
+    fingerprint,
+)
 from agent.outcomes import Accepted, Issued, Outcome, Refused, ReportOutcome, Temporary
 from agent.retry import RandomSource, RetryPolicy, jittered, next_delay
 from agent.settings import AgentSettings, ModuleSignal
@@ -64,6 +71,7 @@ def rules_from(settings: AgentSettings) -> Rules:
         refusal_cadence=timedelta(seconds=settings.refusal_cadence),
         delete_secret_on_disable=settings.delete_secret_on_disable,
         spacing=settings.retry_policy,
+        runtime_agent_min_sync=timedelta(seconds=settings.runtime_agent_min_sync),
     )
 
 
@@ -303,6 +311,8 @@ class Reconciler:
                 ),
                 name=f"compass-agent-{plan.action}",
             )
+        elif plan.action is Action.NUDGE:
+            return await self._nudge(observed)
         elif plan.action is Action.DELETE_SECRET:
             if await self._delete_secret(gathered.kyma):
                 return 0.0  # look again at once: the deletion changes what we observe
@@ -542,7 +552,14 @@ class Reconciler:
 
     async def _write(self, issued: Issued) -> None:
         s = self._settings
-        desired = secret_io.desired_secret(namespace=s.namespace, name=s.secret_name, issued=issued)
+        # What the CompassConnection looks like now: a later lastSync means the token was tried.
+        connection_raw = await self._kube.get_or_none(
+            f"{resources.compass_connections()}/{resources.COMPASS_CONNECTION_NAME}"
+        )
+        seen = Connection.from_object(connection_raw).last_sync_text if connection_raw else ""
+        desired = secret_io.desired_secret(
+            namespace=s.namespace, name=s.secret_name, issued=issued, connection_seen=seen
+        )
         for attempt in range(1, 6):
             try:
                 await secret_io.write_secret(self._kube, desired)
@@ -551,6 +568,24 @@ class Reconciler:
                 if attempt == 5:
                     raise
                 await asyncio.sleep(next_delay(self._policy, attempt, rng=self._rng))
+
+    async def _nudge(self, observed: Observed) -> float:
+        """Asks compass-runtime-agent to try the token now: it watches only its CompassConnection
+        and otherwise waits for its resync (180 s in the module). Returns the sleep."""
+        value = decide.handed_over_value(observed.secret) if observed.secret else None
+        assert value is not None  # the plan nudges only for a token with an issue time
+        path = f"{resources.compass_connections()}/{resources.COMPASS_CONNECTION_NAME}"
+        try:
+            await self._kube.merge_patch(
+                path, {"metadata": {"annotations": {HANDED_OVER_ANNOTATION: value}}}
+            )
+        except KubeError as e:
+            # Without the hand-over the token still gets tried at the next resync; the loop
+            # asks again after its resync period, never in a hot loop.
+            log.warning("could not hand the token over", extra={"error": str(e)})
+            return self._settings.resync_period
+        log.info("token handed over to compass-runtime-agent", extra={"issued_at": value})
+        return 0.0  # look again at once: the annotation changes what we observe
 
     async def _delete_secret(self, kyma: KymaView | None) -> bool:
         s = self._settings

@@ -94,6 +94,11 @@ class AgentSettings(BaseSettings):
         default=300.0,
         description="A token younger than this is not replaced while the connection fails.",
     )
+    runtime_agent_min_sync: Seconds = Field(
+        default=16.0,
+        description="compass-runtime-agent's APP_MINIMAL_COMPASS_SYNC_TIME plus a second: a fresh "
+        "token is handed over (CompassConnection annotated) only this long after its last attempt.",
+    )
     connection_grace: Seconds = Field(
         default=600.0,
         description="How long a written token may wait for a CompassConnection to appear.",

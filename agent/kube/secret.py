@@ -16,6 +16,7 @@ from typing import Any
 from agent.kube import resources
 from agent.model import (
     COMPASS_RUNTIME_ID_ANNOTATION,
+    CONNECTION_SEEN_ANNOTATION,
     EXPIRES_AT_ANNOTATION,
     ISSUED_AT_ANNOTATION,
     MANAGED_BY_LABEL,
@@ -32,7 +33,7 @@ class WriteResult(StrEnum):
     UNCHANGED = "unchanged"
 
 
-def desired_secret(*, namespace: str, name: str, issued: Issued) -> JSON:
+def desired_secret(*, namespace: str, name: str, issued: Issued, connection_seen: str = "") -> JSON:
     data = {
         "CONNECTOR_URL": issued.connector_url,
         "TOKEN": issued.token,
@@ -51,6 +52,7 @@ def desired_secret(*, namespace: str, name: str, issued: Issued) -> JSON:
                 EXPIRES_AT_ANNOTATION: format_time(issued.expires_at),
                 ISSUED_AT_ANNOTATION: format_time(issued.issued_at),
                 COMPASS_RUNTIME_ID_ANNOTATION: issued.compass_runtime_id,
+                CONNECTION_SEEN_ANNOTATION: connection_seen,
             },
         },
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},

@@ -179,6 +179,22 @@ def test_agent_rbac_names_the_one_secret(binaries: Binaries) -> None:
     assert [r["verbs"] for r in unnamed] == [["create"]]  # create cannot be limited by name
 
 
+def test_agent_may_only_annotate_the_one_compass_connection(binaries: Binaries) -> None:
+    objects = render(binaries, "compass-agent", namespace="kyma-system", values=AGENT_REQUIRED)
+    rules = [rule for role in by_kind(objects, "ClusterRole") for rule in role["rules"]]
+    connection_rules = [r for r in rules if "compassconnections" in r["resources"]]
+    assert connection_rules == [
+        {
+            "apiGroups": ["compass.kyma-project.io"],
+            "resources": ["compassconnections"],
+            "resourceNames": ["compass-connection"],
+            # patch for the hand-over annotation; never update, create or delete: the
+            # CompassConnection is compass-runtime-agent's
+            "verbs": ["get", "list", "watch", "patch"],
+        }
+    ]
+
+
 @pytest.mark.parametrize(
     ("chart", "values", "message"),
     [

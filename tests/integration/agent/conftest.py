@@ -100,6 +100,7 @@ class FakeBroker:
         self.tls = tls
         self.requests: list[tuple[float, str, dict[str, str]]] = []
         self.reports: list[tuple[float, str, dict[str, str]]] = []
+        self.report_bodies: list[dict[str, Any]] = []
         self.peers: list[str | None] = []
         self._server: asyncio.Server | None = None
 
@@ -129,10 +130,11 @@ class FakeBroker:
             while (raw := await reader.readline()) not in (b"\r\n", b"\n", b""):
                 name, _, value = raw.decode().partition(":")
                 headers[name.strip().lower()] = value.strip()
-            await reader.readexactly(int(headers.get("content-length", "0")))
+            payload = await reader.readexactly(int(headers.get("content-length", "0")))
             path = line.split()[1]
             if path.endswith("/connection"):
                 self.reports.append((time.monotonic(), path, headers))
+                self.report_bodies.append(json.loads(payload or b"{}"))
                 reply = Reply(202, {"nextReportAfterSeconds": 3600})
             else:
                 self.peers.append(_common_name(writer.get_extra_info("peercert")))
@@ -325,7 +327,9 @@ class AgentEnv:
 
     # the CompassConnection (cluster-scoped: one per cluster)
 
-    def set_connection(self, state: str, error: str | None = None) -> None:
+    def set_connection(self, state: str, error: str | None = None, *, attempt: bool = True) -> None:
+        """As compass-runtime-agent writes it; `attempt` stamps lastSync (it does on every
+        attempt: a new lastSync is how our agent sees that a token was tried)."""
         custom = self.cluster.custom
         try:
             custom.get_cluster_custom_object(*CC, "compass-connection")
@@ -349,6 +353,10 @@ class AgentEnv:
             "connectionState": state,
             "connectionStatus": {"certificateStatus": {}, "error": error or ""},
         }
+        if attempt:
+            # Microseconds, unlike the real agent's seconds: two attempts in one second differ.
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            status["connectionStatus"]["lastSync"] = now
         # The published CRD has no status subresource: compass-runtime-agent updates the object.
         custom.patch_cluster_custom_object(*CC, "compass-connection", {"status": status})
 

@@ -134,7 +134,7 @@ async def test_connection_failed_with_expired_token_pulls_a_new_one(agent_env: A
         await eventually(lambda: agent_env.events("ConnectionFailureSeen"), what="a failure event")
         assert len(broker.requests) == 2
         # The fresh token is not replaced while the (stale) failure is still reported.
-        agent_env.set_connection("ConnectionFailed", error="still failing")
+        agent_env.set_connection("ConnectionFailed", error="still failing", attempt=False)
         agent_env.set_connection("Connected")
         count = len(broker.requests)
         await _quiet(3.0)

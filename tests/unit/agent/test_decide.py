@@ -21,7 +21,7 @@ from agent.decide import (
     reporting_allowed,
     revocation_after,
 )
-from agent.model import Connection, TokenRecord
+from agent.model import Connection, TokenRecord, format_time
 from agent.outcomes import Issued, Refused, Temporary
 from agent.retry import RetryPolicy
 
@@ -56,6 +56,20 @@ FOREIGN = token(issued=None, expires=None, managed=False)
 
 def conn(state: str | None) -> Connection:
     return Connection(state=state, error=None)
+
+
+LAST_SYNC = "2025-01-01T11:59:50Z"  # the runtime agent's last attempt, 10 s before NOW
+HANDED = "2025-01-01T11:59:00.000Z"  # RECORDED's issue time, as the hand-over annotation says
+# A token written 1 min ago while the connection's lastSync was LAST_SYNC.
+RECORDED = replace(FRESH, connection_seen=LAST_SYNC)
+
+
+def failed(
+    last_sync: str = LAST_SYNC, handed_over: str | None = None, error: str | None = None
+) -> Connection:
+    return Connection(
+        state="ConnectionFailed", error=error, last_sync_text=last_sync, handed_over=handed_over
+    )
 
 
 def revoked(*, recheck: timedelta) -> Revocation:
@@ -123,6 +137,27 @@ CASES: list[tuple[str, Observed, Plan]] = [
     ("failed at exactly the grace boundary: pull",
      obs(secret=token(issued=-5 * MIN, expires=55 * MIN), connection=conn("ConnectionFailed")),
      Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_STALE)),
+    # 6. ConnectionFailed, with the lastSync recorded when the token was written: one token per try
+    ("failed, token untried, runtime agent tried 10 s ago: wait for its minimal sync time", obs(secret=RECORDED, connection=failed()),
+     Plan(Action.WAIT, Reason.CONNECTION_FAILED_TOKEN_UNTRIED, NOW + 6 * timedelta(seconds=1))),
+    ("failed, token untried, minimal sync time over: nudge", obs(now=NOW + 6 * timedelta(seconds=1), secret=RECORDED, connection=failed()),
+     Plan(Action.NUDGE, Reason.CONNECTION_FAILED_TOKEN_UNTRIED)),
+    ("failed, token untried, no lastSync at all: nudge at once", obs(secret=replace(FRESH, connection_seen=""), connection=failed(last_sync="")),
+     Plan(Action.NUDGE, Reason.CONNECTION_FAILED_TOKEN_UNTRIED)),
+    ("failed, token untried and handed over: wait until it expires, never replace it", obs(now=NOW + 4 * MIN, secret=RECORDED, connection=failed(handed_over=HANDED)),
+     Plan(Action.WAIT, Reason.CONNECTION_FAILED_TOKEN_UNTRIED, NOW + 59 * MIN)),
+    ("failed, untried long past the handover grace: still not replaced", obs(now=NOW + 30 * MIN, secret=RECORDED, connection=failed(handed_over=HANDED)),
+     Plan(Action.WAIT, Reason.CONNECTION_FAILED_TOKEN_UNTRIED, NOW + 59 * MIN)),
+    ("failed, an older hand-over on the connection: nudge for this token", obs(now=NOW + MIN, secret=RECORDED, connection=failed(handed_over="2025-01-01T10:00:00.000Z")),
+     Plan(Action.NUDGE, Reason.CONNECTION_FAILED_TOKEN_UNTRIED)),
+    ("failed, lastSync moved since the write: tried, pull", obs(secret=RECORDED, connection=failed(last_sync="2025-01-01T11:59:58Z", handed_over=HANDED)),
+     Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_TRIED)),
+    ("failed, a first lastSync after a write without one: tried, pull", obs(secret=replace(FRESH, connection_seen=""), connection=failed()),
+     Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_TRIED)),
+    ("failed, untried but expired: pull", obs(secret=replace(EXPIRED, connection_seen=LAST_SYNC), connection=failed()),
+     Plan(Action.PULL, Reason.CONNECTION_FAILED_TOKEN_STALE)),
+    ("failed, untried, expiring before the minimal sync time: wait until expiry", obs(secret=replace(RECORDED, expires_at=NOW + timedelta(seconds=3)), connection=failed()),
+     Plan(Action.WAIT, Reason.CONNECTION_FAILED_TOKEN_UNTRIED, NOW + timedelta(seconds=3))),
     # 7. other failures
     ("synchronization failed: idle", obs(secret=EXPIRED, connection=conn("SynchronizationFailed")),
      Plan(Action.IDLE, Reason.CONNECTION_OTHER_FAILURE)),
@@ -291,7 +326,35 @@ def test_reports_go_only_when_the_broker_would_take_them() -> None:
         Reason.CONNECTION_HEALTHY,
         Reason.CONNECTION_FAILED_TOKEN_STALE,
         Reason.CONNECTION_FAILED_TOKEN_FRESH,
+        Reason.CONNECTION_FAILED_TOKEN_TRIED,
+        Reason.CONNECTION_FAILED_TOKEN_UNTRIED,
         Reason.CONNECTION_OTHER_FAILURE,
         Reason.NO_CONNECTION_TOKEN_EXPIRED,
         Reason.WAITING_FOR_CONNECTION,
     }
+
+
+def test_one_token_per_try_of_a_runtime_agent_that_acts_only_at_its_resync() -> None:
+    """A runtime agent that fails every token and tries only every 180 s (or right after a
+    hand-over): the plan pulls exactly once per try, never while a token waits untried."""
+    rules = replace(RULES, handover_grace=timedelta(seconds=5))
+    second = timedelta(seconds=1)
+    now, last_sync, pulls, tries, nudged = NOW, "", 0, 0, None
+    secret = replace(FRESH, issued_at=NOW, expires_at=NOW + 60 * MIN, connection_seen="")
+    next_resync = NOW + 180 * second
+    while now < NOW + 30 * MIN:
+        connection = failed(last_sync=last_sync, handed_over=nudged)
+        decided = plan(obs(now=now, secret=secret, connection=connection), rules)
+        if decided.action is Action.PULL:
+            pulls += 1
+            secret = replace(secret, issued_at=now, connection_seen=last_sync)
+        elif decided.action is Action.NUDGE:
+            nudged = format_time(secret.issued_at)  # type: ignore[arg-type]
+            next_resync = now  # any update of its CompassConnection makes it reconcile
+        if now >= next_resync:
+            tries += 1
+            last_sync = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+            next_resync = now + 180 * second
+        now += second
+    assert tries > 10
+    assert pulls in (tries, tries - 1)  # the last try's token may still be on its way
