@@ -1,5 +1,12 @@
 """Compass simulator: OAuth token endpoint, Director and Connector, with fault injection.
 
+What it is for: faults (down, lost answers, injected errors, rate limits, latency,
+limited capacity) and scale (thousands of runtimes in memory, no build), which the
+real Director cannot give. What it answers follows the real Director: the contract
+test `tests/integration/real_director/test_contract.py` sends the same requests to
+both and compares status, error codes, paths, messages, shapes, the labels Director
+adds and token fields, with the real one as the oracle.
+
 Run it:  python -m devenv.compass_sim --client-id ID --client-secret SECRET [--port N] ...
 (see --help), or in-process:
 
@@ -52,12 +59,19 @@ Faults (`faults.py`): `down` ("refuse" | "drop" | "503"), `latency` (fixed + jit
 `lost_responses` ({operation: count}: executed, then 504 or dropped connection),
 `rate_limit` (429 + Retry-After), `max_concurrent_director_requests` (queueing).
 
+Tenants (`SimConfig.accounts`): global accounts and their subaccounts with regions,
+as Director's tenant fetcher would have synced them; unknown tenants get HTTP 400 code
+25, unknown subaccounts code 20. Without `accounts` every tenant is accepted and a new
+`global_subaccount_id` becomes a subaccount of its first caller (benches, demos).
+`SimConfig.consumer_type` (default "Integration System", as compass-manager's client)
+makes Director label registered runtimes `runtimeType: kyma` and `region`.
+
 Choices where a gateway, not Director/Connector, answers in the real Compass:
 - a missing, unknown or expired bearer token gets HTTP 401 with one GraphQL error
-  entry, `extensions.error_code` 26 (no `data`);
+  entry, `extensions.error_code` 26 (no `data`; Oathkeeper's body differs, the
+  status is what clients act on);
 - a refused Connector token (used, expired, unknown, wrong kind, missing header) gets
-  HTTP 200 with a GraphQL error, `extensions.error` "Forbidden", data null;
-- parse / validation / variable errors get HTTP 422 (gqlgen's behaviour).
+  HTTP 200 with a GraphQL error, `extensions.error` "Forbidden", data null.
 Director's real page-size limit is 200 (`runtimes(first:)`, `SimConfig.max_page_size`).
 
 `devenv.compass_sim.testing` has small pytest-free helpers (token, GraphQL calls,

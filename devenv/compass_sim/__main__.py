@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .config import SimConfig
+from .config import ConsumerType, GlobalAccount, SimConfig, Subaccount
 from .errors import ErrorCode
 from .faults import DownMode, Faults, InjectedError, Latency, LostResponseMode, RateLimit
 from .server import CompassSimulator
@@ -53,7 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--tenant",
         action="append",
         default=None,
-        help="accepted tenant (repeatable); without it every tenant is accepted",
+        help="a global account Director knows (repeatable); without --tenant and "
+        "--subaccount every tenant is accepted and new subaccounts join their first caller",
+    )
+    auth.add_argument(
+        "--subaccount",
+        action="append",
+        default=[],
+        metavar="GLOBAL_ACCOUNT:SUBACCOUNT[:REGION]",
+        help="a subaccount Director knows, with its region label (repeatable)",
+    )
+    auth.add_argument(
+        "--consumer-type",
+        choices=[c.value for c in ConsumerType],
+        default=ConsumerType.INTEGRATION_SYSTEM.value,
+        help="how the caller is presented to Director; an Integration System's runtimes "
+        "get labels runtimeType and region (default: %(default)s)",
     )
 
     ttl = parser.add_argument_group("lifetimes and limits")
@@ -129,6 +144,20 @@ def faults_from_args(args: argparse.Namespace) -> Faults:
     return Faults.model_validate(fields)
 
 
+def accounts_from_args(args: argparse.Namespace) -> dict[str, GlobalAccount] | None:
+    if not args.tenant and not args.subaccount:
+        return None
+    subaccounts: dict[str, dict[str, Subaccount]] = {t: {} for t in args.tenant or ()}
+    for spec in args.subaccount:
+        account, subaccount, *region = spec.split(":", 2)
+        if not account or not subaccount:
+            raise ValueError(f"--subaccount {spec!r}: GLOBAL_ACCOUNT:SUBACCOUNT[:REGION] expected")
+        subaccounts.setdefault(account, {})[subaccount] = Subaccount(
+            region=region[0] if region else None
+        )
+    return {account: GlobalAccount(subaccounts=subs) for account, subs in subaccounts.items()}
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     secret = args.client_secret or os.environ.get(SECRET_ENV)
     if not secret:
@@ -136,7 +165,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(
         client_id=args.client_id,
         client_secret=secret,
-        tenants=frozenset(args.tenant) if args.tenant else None,
+        accounts=accounts_from_args(args),
+        consumer_type=ConsumerType(args.consumer_type),
         access_token_ttl_seconds=args.access_token_ttl,
         ott_ttl_seconds=args.ott_ttl,
         csr_token_ttl_seconds=args.csr_token_ttl,

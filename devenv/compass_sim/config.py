@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from .faults import Faults
 from .operations import READ_SCOPE, WRITE_SCOPE
 
-__all__ = ["CsrSubject", "SimConfig"]
+__all__ = ["ConsumerType", "CsrSubject", "GlobalAccount", "SimConfig", "Subaccount"]
+
+
+class ConsumerType(StrEnum):
+    """How the gateway in front of Director presents the caller (the JWT's `consumerType`)."""
+
+    # compass-manager's and the broker's client: Director labels what it registers as Kyma.
+    INTEGRATION_SYSTEM = "Integration System"
+    TECHNICAL_CLIENT = "Technical Client"
+
+
+class Subaccount(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # The tenant's `region` label; None: the tenant has none (Director then labels region "").
+    region: str | None = None
+
+
+class GlobalAccount(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    subaccounts: dict[str, Subaccount] = Field(default_factory=dict)
 
 
 class CsrSubject(BaseModel):
@@ -38,8 +61,15 @@ class SimConfig(BaseModel):
     client_secret: SecretStr
     # Scopes the client may request; a token carries only the scopes requested.
     client_scopes: tuple[str, ...] = (READ_SCOPE, WRITE_SCOPE)
-    # None: every tenant is accepted; otherwise other tenants get error 25.
+    # The tenants Director knows, as its tenant fetcher synced them: global account ID ->
+    # its subaccounts. None (permissive, for benches and demos): every tenant is a global
+    # account and a `global_subaccount_id` seen for the first time becomes a subaccount of
+    # the caller, as with Director's on-demand tenant fetching. Otherwise an unknown tenant
+    # gets HTTP 400 code 25, an unknown subaccount code 20.
+    accounts: dict[str, GlobalAccount] | None = None
+    # Shorthand for `accounts` without subaccounts (merged into `accounts`).
     tenants: frozenset[str] | None = None
+    consumer_type: ConsumerType = ConsumerType.INTEGRATION_SYSTEM
     access_token_ttl_seconds: float = Field(default=3600.0, gt=0)
     ott_ttl_seconds: float = Field(default=3600.0, gt=0)
     # Lifetime of the token `configuration` returns for signing the CSR.
@@ -58,3 +88,24 @@ class SimConfig(BaseModel):
     initial_faults: Faults = Faults()
     # Seconds the listener may take to finish in-flight requests when it stops.
     graceful_shutdown_seconds: int = Field(default=2, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_tenants(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("tenants"):
+            return data
+        accounts = dict(data.get("accounts") or {})
+        for tenant in data["tenants"]:
+            accounts.setdefault(tenant, GlobalAccount())
+        return {**data, "accounts": accounts}
+
+    @model_validator(mode="after")
+    def _check_accounts(self) -> SimConfig:
+        # A tenant row has one parent at most, and IDs are unique across accounts and subaccounts.
+        seen: set[str] = set(self.accounts or {})
+        for account in (self.accounts or {}).values():
+            for subaccount in account.subaccounts:
+                if subaccount in seen:
+                    raise ValueError(f"tenant {subaccount!r} is listed twice")
+                seen.add(subaccount)
+        return self

@@ -1,23 +1,43 @@
-"""Director: the runtime part of Compass's GraphQL API, with the real semantics.
+"""Director: the runtime part of Compass's GraphQL API, answering as the real Director does.
+
+The real Director is the oracle: `tests/integration/real_director/test_contract.py`
+sends the same requests to both and compares the answers.
 
 Request checks, in order:
 1. Bearer token (HTTP level): missing, unknown or expired -> HTTP 401 with one
    error entry, code 26 (the real gateway rejects such requests before Director).
-2. Per root field: scope (`runtime:read` for queries, `runtime:write` for
-   mutations) -> 23; `Tenant` header missing -> 24; tenant not configured -> 25;
-   then injected faults; then the resolver (input rules -> 22, missing runtime -> 20).
+2. Tenant (HTTP level): a `Tenant` Director does not know -> HTTP 400, one error
+   entry, code 25, no `path` (Director's authenticator refuses the whole request).
+3. Document: parse / validation / variable errors -> HTTP 422, each entry code 10
+   (gqlgen hands them to Director's error presenter, which knows them as no typed error).
+4. Per root field: scope (`runtime:read` for queries, `runtime:write` for mutations)
+   -> 23; `Tenant` header missing -> 24; then injected faults; then the resolver.
 
 Semantics (as the real Director):
-- Runtimes belong to the caller's tenant; names are not unique; IDs are UUIDs.
-- register/update add label `isNormalized: "true"` unless given (configurable);
-  update replaces name, description, status and all labels.
-- `runtime(id)` is null when missing; unregister/update/labels of a missing
-  runtime -> 20.
-- `runtimes`: filters ANDed, JSON containment; `first` in 1..max page size (22
-  otherwise); ordered by name; offset cursors; `totalCount` counts all matches.
-- `requestOneTimeTokenForRuntime`: a new token (URL-safe base64 of 64 random
-  bytes) for Connector, single use, bound to the runtime and tenant, expiring after
-  the configured TTL. Earlier tokens stay valid until used or expired.
+- A runtime is owned by the caller's tenant, or by the subaccount its
+  `global_subaccount_id` label names (unknown -> 20 `object=tenant`; not the caller nor
+  a child of it -> 27), and is visible to its owner and the owner's parents.
+- Registered by an Integration System (`SimConfig.consumer_type`), a runtime gets labels
+  `runtimeType: "kyma"` and `region` (the owning subaccount's, else "") and
+  applicationNamespace "sap.kyma". Every register/update adds `isNormalized: "true"`
+  unless given. `runtimeType` is immutable: dropped from inputs, kept by updates,
+  refused by setRuntimeLabel. Update replaces name, status and all other labels, and
+  keeps description and applicationNamespace unless given.
+- IDs must be UUIDs (else code 10: Postgres refuses the text). A missing runtime is
+  `null` for `runtime(id)`, 20 `Object not found [object=runtime]` for update and
+  unregister, and 10 `... reason: Runtime with ID <id> doesn't exist` for the label
+  mutations. The `scenarios` label is 10 `cannot be set explicitly`; a label key
+  longer than its 256-character column is 10 on register and update (setRuntimeLabel
+  checks the length first: 22).
+- `runtimes`: filters ANDed, JSON containment (a query that is not JSON: 10); `first`
+  in 1..max page size (22 otherwise); ordered by name; `endCursor` is an opaque base64
+  offset while there is a next page, "" on the last one (a cursor that does not decode:
+  10; a negative offset: 22); `totalCount` counts all matches.
+- `requestOneTimeTokenForRuntime` checks no ownership: a runtime of any tenant gets a
+  token; a missing one is 27 (the token's row refers to no runtime). A token is URL-safe
+  base64 of 64 random bytes for Connector, single use, bound to the runtime and the
+  caller's tenant, expiring after the configured TTL; `usedAt` of an unused token is
+  Go's zero time. Earlier tokens stay valid until used or expired.
 """
 
 from __future__ import annotations
@@ -25,7 +45,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import secrets
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -34,7 +56,7 @@ from typing import Any
 from graphql import GraphQLResolveInfo, GraphQLSchema
 
 from .calls import Call
-from .config import SimConfig
+from .config import ConsumerType, SimConfig
 from .errors import DirectorError, ErrorCode
 from .graphql_http import GraphQLEndpoint, ParsedRequest, Response, load_schema
 from .labels import (
@@ -47,10 +69,28 @@ from .labels import (
 from .oauth import BearerError, OAuthServer, hash_token
 from .operations import DIRECTOR_MUTATIONS, DIRECTOR_QUERIES, required_scope
 from .store import ConnectorTokenRecord, RuntimeRecord, RuntimeStatusCondition, Store, TokenKind
+from .tenants import Tenants
 
 __all__ = ["Director", "DirectorContext", "new_connector_token", "serialize_timestamp"]
 
 NORMALIZED_LABEL = "isNormalized"
+SUBACCOUNT_LABEL = "global_subaccount_id"
+SCENARIOS_LABEL = "scenarios"
+RUNTIME_TYPE_LABEL = "runtimeType"
+REGION_LABEL = "region"
+KYMA_RUNTIME_TYPE = "kyma"
+KYMA_APPLICATION_NAMESPACE = "sap.kyma"
+# Director's default patterns; Go's regexp.MatchString searches, it does not anchor.
+_IMMUTABLE_LABEL = re.compile(r"^xsappnameCMPClone$|^runtimeType$|^CMPSaaSAppName$")
+_PROTECTED_LABEL = re.compile(r".*_defaultEventing")
+# Width of the label key column: a longer key fails in the database, not in validation.
+_LABEL_KEY_COLUMN = 256
+_APPLICATION_NAMESPACE_LIMIT = 256
+# Go's zero time.Time, which Director returns as `usedAt` of a token never used.
+_GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
+# The prefix Director's offset cursors carry inside their base64.
+_CURSOR_PREFIX = "DpKtJ4j9jDq"
+_SCENARIOS_SET = f"label with key {SCENARIOS_LABEL} cannot be set explicitly"
 
 
 @dataclass
@@ -61,7 +101,14 @@ class DirectorContext:
 
 
 def serialize_timestamp(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # isoformat, not strftime: strftime writes year 1 (Go's zero time) as "1".
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="seconds") + "Z"
+
+
+def _go_json_time(value: datetime) -> str:
+    """Go's time.MarshalJSON: RFC 3339 with the fraction's trailing zeros dropped."""
+    text = value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds")
+    return text.rstrip("0").rstrip(".") + "Z"
 
 
 def new_connector_token() -> str:
@@ -103,20 +150,72 @@ def configure_scalars(schema: GraphQLSchema) -> None:
 
 
 def _encode_cursor(offset: int) -> str:
-    return base64.b64encode(f"offset:{offset}".encode()).decode()
+    return base64.b64encode(f"{_CURSOR_PREFIX}{offset}".encode()).decode()
 
 
 def _decode_cursor(cursor: str | None) -> int:
     if not cursor:
         return 0
+    failed = "while decoding page cursor: cursor is not correct"
     try:
-        prefix, _, number = base64.b64decode(cursor, validate=True).decode().partition(":")
-        offset = int(number)
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise DirectorError.invalid("cursor is not correct") from None
-    if prefix != "offset" or offset < 0:
+        text = base64.b64decode(cursor, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise DirectorError.internal(
+            f"{failed}: illegal base64 data at input byte {_first_bad_base64_byte(cursor)}"
+        ) from None
+    number = text.removeprefix(_CURSOR_PREFIX)
+    # strconv.Atoi: an optional sign and ASCII digits, nothing else.
+    if not re.fullmatch(r"[+-]?[0-9]+", number):
+        raise DirectorError.internal(f'{failed}: strconv.Atoi: parsing "{number}": invalid syntax')
+    offset = int(number)
+    if offset < 0:
         raise DirectorError.invalid("cursor is not correct")
     return offset
+
+
+def _first_bad_base64_byte(text: str) -> int:
+    """Where Go's decoder stops: the first byte outside the alphabet (padding errors are
+    placed at the end here, an approximation no client depends on)."""
+    for index, char in enumerate(text):
+        if not (char.isascii() and (char.isalnum() or char in "+/=")):
+            return index
+    return len(text)
+
+
+def _uuid(value: str) -> str:
+    """The canonical form of an ID, as Postgres reads it; other text fails in the database."""
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise DirectorError.internal() from None
+
+
+def _is_modifiable(key: str) -> bool:
+    return not (_PROTECTED_LABEL.search(key) or _IMMUTABLE_LABEL.search(key))
+
+
+def _subaccount_of(labels: dict[str, Any]) -> str | None:
+    """The `global_subaccount_id` label as Director reads it: a string or a one-string list."""
+    if SUBACCOUNT_LABEL not in labels:
+        return None
+    value = labels[SUBACCOUNT_LABEL]
+    failed = f"while converting {SUBACCOUNT_LABEL} label"
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        if len(value) != 1:
+            raise DirectorError.internal(f"{failed}: expected single value for label")
+        return str(value[0])
+    if isinstance(value, str) and value:
+        return value
+    raise DirectorError.internal(f"{failed}: cannot cast label value: expected []string or string")
+
+
+def _invalid_labels(labels: dict[str, Any]) -> str | None:
+    """ozzo-validation's text for the keys of a `Labels` input that break the key rule."""
+    problems = []
+    for key in sorted(labels):
+        if problem := label_key_problem(key, limit_length=False):
+            problems.append(f"{key}: {problem}")
+    return "; ".join(problems) + "." if problems else None
 
 
 def runtime_to_graphql(record: RuntimeRecord) -> dict[str, Any]:
@@ -156,6 +255,7 @@ class Director:
         self._oauth = oauth
         self._clock = clock
         self._connector_url = connector_url
+        self.tenants = Tenants(config.accounts, store)
         schema = load_schema("director.graphql")
         configure_scalars(schema)
         self._bind(schema)
@@ -184,10 +284,15 @@ class Director:
                 {f.key: [int(ErrorCode.UNAUTHORIZED)] for f in parsed.fields},
                 headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
             )
+        if tenant and not self.tenants.knows(tenant):
+            return _whole_request_error(
+                400, DirectorError(ErrorCode.TENANT_NOT_FOUND, externalTenant=tenant), parsed
+            )
         if parsed.rejection is not None:
-            return parsed.rejection
+            return _presented(parsed.rejection, parsed)
         context = DirectorContext(tenant=tenant or None, scopes=token.scopes, call=call)
-        return self.endpoint.execute(parsed, context)
+        response = self.endpoint.execute(parsed, context)
+        return _presented(response, parsed) if response.status == 422 else response
 
     # -- resolver plumbing ----------------------------------------------------------
 
@@ -222,50 +327,62 @@ class Director:
                     required=scope,
                     actual=";".join(sorted(context.scopes)),
                 )
-            tenant = self._check_tenant(context.tenant)
+            if not context.tenant:
+                raise DirectorError(ErrorCode.TENANT_REQUIRED)
             context.call.enter(operation, str(info.path.key))
-            result = resolver(tenant, **arguments)
+            result = resolver(context.tenant, **arguments)
             context.call.done(operation)
             return result
 
         return resolve
 
-    def _check_tenant(self, tenant: str | None) -> str:
-        if not tenant:
-            raise DirectorError(ErrorCode.TENANT_REQUIRED)
-        if self._config.tenants is not None and tenant not in self._config.tenants:
-            raise DirectorError(ErrorCode.TENANT_NOT_FOUND, externalTenant=tenant)
-        return tenant
+    def _visible(self, tenant: str, runtime_id: str) -> RuntimeRecord | None:
+        return self._store.get_runtime(tenant, _uuid(runtime_id))
 
     def _existing(self, tenant: str, runtime_id: str) -> RuntimeRecord:
-        record = self._store.get_runtime(tenant, runtime_id)
+        record = self._visible(tenant, runtime_id)
         if record is None:
-            raise DirectorError.not_found("runtime", runtime_id)
+            raise DirectorError.not_found("runtime")
+        return record
+
+    def _labelled(self, tenant: str, runtime_id: str) -> RuntimeRecord:
+        """The runtime behind a label mutation: its absence is a plain error, so code 10."""
+        record = self._visible(tenant, runtime_id)
+        if record is None:
+            raise DirectorError.internal(f"Runtime with ID {runtime_id} doesn't exist")
         return record
 
     def _checked_input(self, type_name: str, data: dict[str, Any]) -> dict[str, Any]:
+        """The input's validation (22), as Director's `@validate` directive runs it."""
         problems: dict[str, str] = {}
         if problem := runtime_name_problem(data["name"]):
             problems["name"] = problem
         if problem := description_problem(data.get("description")):
             problems["description"] = problem
         labels: dict[str, Any] = dict(data.get("labels") or {})
-        for key in sorted(labels):
-            if problem := label_key_problem(key):
-                problems["labels"] = f"({key}: {problem})"
-                break
+        if problem := _invalid_labels(labels):
+            problems["labels"] = problem
+        namespace = data.get("applicationNamespace")
+        if namespace is not None and len(namespace) > _APPLICATION_NAMESPACE_LIMIT:
+            problems["applicationNamespace"] = (
+                f"the length must be no more than {_APPLICATION_NAMESPACE_LIMIT}"
+            )
         if problems:
             raise DirectorError.invalid_fields(type_name, problems)
-        if self._config.add_normalized_label and NORMALIZED_LABEL not in labels:
-            labels[NORMALIZED_LABEL] = "true"
         condition = data.get("statusCondition") or RuntimeStatusCondition.INITIAL.value
         return {
             "name": data["name"],
             "description": data.get("description"),
             "labels": labels,
             "status_condition": RuntimeStatusCondition(condition),
-            "application_namespace": data.get("applicationNamespace"),
+            "application_namespace": namespace,
         }
+
+    def _stored_labels(self, labels: dict[str, Any]) -> dict[str, Any]:
+        """Given labels as Director writes them: isNormalized added, unmodifiable ones dropped."""
+        if self._config.add_normalized_label and labels.get(NORMALIZED_LABEL) is None:
+            labels = {**labels, NORMALIZED_LABEL: "true"}
+        return {key: value for key, value in labels.items() if _is_modifiable(key)}
 
     # -- queries ------------------------------------------------------------------
 
@@ -284,40 +401,70 @@ class Director:
         offset = _decode_cursor(after)
         try:
             filters = parse_filters(filter)
-        except ValueError as exc:
-            raise DirectorError.invalid(str(exc)) from None
+        except ValueError:
+            # Director hands the query to Postgres as jsonb, which refuses it.
+            raise DirectorError.internal() from None
         items, total = self._store.list_runtimes(tenant, filters, offset=offset, limit=first)
+        has_next = total > offset + len(items)
         return {
             "data": [runtime_to_graphql(r) for r in items],
             "totalCount": total,
             "pageInfo": {
                 "startCursor": after or "",
-                "endCursor": _encode_cursor(offset + first),
-                "hasNextPage": offset + first < total,
+                "endCursor": _encode_cursor(offset + first) if has_next else "",
+                "hasNextPage": has_next,
             },
         }
 
     def _runtime(self, tenant: str, id: str) -> dict[str, Any] | None:
-        record = self._store.get_runtime(tenant, id)
+        record = self._visible(tenant, id)
         return runtime_to_graphql(record) if record is not None else None
 
     # -- mutations ------------------------------------------------------------------
 
     def _register(self, tenant: str, **arguments: Any) -> dict[str, Any]:
         fields = self._checked_input("RuntimeRegisterInput", arguments["in"])
-        record = self._store.create_runtime(tenant, now=self._now(), **fields)
+        given: dict[str, Any] = fields.pop("labels")
+        ownership = self.tenants.owner_for(tenant, _subaccount_of(given))
+        if SCENARIOS_LABEL in given:
+            raise DirectorError.internal(_SCENARIOS_SET)
+        labels = self._stored_labels(given)
+        if self._config.consumer_type is ConsumerType.INTEGRATION_SYSTEM:
+            labels[RUNTIME_TYPE_LABEL] = KYMA_RUNTIME_TYPE
+            labels[REGION_LABEL] = ownership.region
+            fields["application_namespace"] = KYMA_APPLICATION_NAMESPACE
+        _check_key_column(labels)
+        record = self._store.create_runtime(
+            ownership.owner,
+            now=self._now(),
+            parents=ownership.parents,
+            labels=labels,
+            **fields,
+        )
         return runtime_to_graphql(record)
 
     def _update(self, tenant: str, id: str, **arguments: Any) -> dict[str, Any]:
         fields = self._checked_input("RuntimeUpdateInput", arguments["in"])
+        given: dict[str, Any] = fields.pop("labels")
         current = self._existing(tenant, id)
-        updated = current.model_copy(update={**fields, "status_timestamp": self._now()})
+        if SCENARIOS_LABEL in given:
+            raise DirectorError.internal(_SCENARIOS_SET)
+        kept = {k: v for k, v in current.labels.items() if not _is_modifiable(k)}
+        labels = {**kept, **self._stored_labels(given)}
+        _check_key_column(labels)
+        if fields["description"] is None:
+            fields["description"] = current.description
+        if fields["application_namespace"] is None:
+            fields["application_namespace"] = current.application_namespace
+        updated = current.model_copy(
+            update={**fields, "labels": labels, "status_timestamp": self._now()}
+        )
         return runtime_to_graphql(self._store.replace_runtime(updated))
 
     def _unregister(self, tenant: str, id: str) -> dict[str, Any]:
-        record = self._store.delete_runtime(tenant, id)
+        record = self._store.delete_runtime(tenant, self._existing(tenant, id).id)
         if record is None:
-            raise DirectorError.not_found("runtime", id)
+            raise DirectorError.not_found("runtime")
         return runtime_to_graphql(record)
 
     def _request_token(
@@ -326,7 +473,11 @@ class Director:
         id: str,
         systemAuthID: str | None = None,
     ) -> dict[str, Any]:
-        self._existing(tenant, id)
+        runtime_id = _uuid(id)
+        if self._store.find_runtime(runtime_id) is None:
+            raise DirectorError.not_allowed(
+                "The referenced entity does not exists", object_type="systemAuth"
+            )
         token = new_connector_token()
         now = self._now()
         expires_at = now + timedelta(seconds=self._config.ott_ttl_seconds)
@@ -334,21 +485,34 @@ class Director:
             ConnectorTokenRecord(
                 token_hash=hash_token(token),
                 kind=TokenKind.ONE_TIME,
-                runtime_id=id,
+                runtime_id=runtime_id,
                 tenant=tenant,
                 created_at=now,
                 expires_at=expires_at,
             )
         )
         connector_url = self._connector_url()
-        raw = json.dumps({"token": token, "connectorURL": connector_url})
+        # Go's json.Marshal of the token object: compact, in the struct's field order.
+        raw = json.dumps(
+            {
+                "token": token,
+                "connectorURL": connector_url,
+                "used": False,
+                "expiresAt": _go_json_time(expires_at),
+                "createdAt": _go_json_time(now),
+                "usedAt": "0001-01-01T00:00:00Z",
+                "type": "Runtime",
+                "scenario_groups": None,
+            },
+            separators=(",", ":"),
+        )
         return {
             "token": token,
             "connectorURL": connector_url,
             "used": False,
             "expiresAt": expires_at,
             "createdAt": now,
-            "usedAt": None,
+            "usedAt": _GO_ZERO_TIME,
             "raw": raw,
             "rawEncoded": base64.b64encode(raw.encode()).decode(),
             "type": "Runtime",
@@ -362,15 +526,58 @@ class Director:
             problems["value"] = "cannot be blank"
         if problems:
             raise DirectorError.invalid_fields("LabelInput", problems)
-        current = self._existing(tenant, runtimeID)
+        current = self._labelled(tenant, runtimeID)
+        if not _is_modifiable(key):
+            raise DirectorError.invalid(f"could not set unmodifiable label with key {key}")
+        if key == SCENARIOS_LABEL:
+            raise DirectorError.internal(_SCENARIOS_SET)
         labels = {**current.labels, key: value}
         self._store.replace_runtime(current.model_copy(update={"labels": labels}))
         return {"key": key, "value": value}
 
     def _delete_label(self, tenant: str, runtimeID: str, key: str) -> dict[str, Any]:
-        current = self._existing(tenant, runtimeID)
+        current = self._labelled(tenant, runtimeID)
         if key not in current.labels:
-            raise DirectorError.not_found("label", key)
+            raise DirectorError.not_found("label")
+        if not _is_modifiable(key):
+            raise DirectorError.invalid(f"could not delete unmodifiable label with key {key}")
+        if key == SCENARIOS_LABEL:
+            raise DirectorError.internal(
+                f"label with key {SCENARIOS_LABEL} cannot be deleted explicitly"
+            )
         labels = {k: v for k, v in current.labels.items() if k != key}
         self._store.replace_runtime(current.model_copy(update={"labels": labels}))
         return {"key": key, "value": current.labels[key]}
+
+
+def _check_key_column(labels: dict[str, Any]) -> None:
+    if any(len(key) > _LABEL_KEY_COLUMN for key in labels):
+        raise DirectorError.internal()
+
+
+def _whole_request_error(status: int, error: DirectorError, parsed: ParsedRequest) -> Response:
+    """An answer for the request as a whole: one entry, no `path`, `data` null."""
+    return Response(
+        status,
+        {"errors": [{"message": str(error), "extensions": error.extensions()}], "data": None},
+        {f.key: [int(error.code)] for f in parsed.fields},
+    )
+
+
+def _presented(response: Response, parsed: ParsedRequest) -> Response:
+    """A document Director cannot execute (HTTP 422), its errors as Director's presenter
+    words errors it has no type for: code 10, the parser's text as the reason, no path."""
+    if response.status != 422:
+        return response
+    entries = []
+    for entry in response.body.get("errors", []):
+        locations = entry.get("locations") or []
+        where = f"input:{locations[0]['line']}" if locations else "input"
+        error = DirectorError.internal(f"{where}: {entry['message']}")
+        entries.append({"message": str(error), "extensions": error.extensions()})
+    return Response(
+        422,
+        {"errors": entries, "data": None},
+        {f.key: [int(ErrorCode.INTERNAL_ERROR)] for f in parsed.fields},
+        headers=response.headers,
+    )

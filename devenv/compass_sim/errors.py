@@ -8,11 +8,18 @@ Error tree:
     └── ConnectorError(kind, ...)   one GraphQL error entry with extensions {"error": kind}
 
 Codes and messages follow Director's `apperrors` package: the message is the
-default text of the code, followed by sorted `[key=value; ...]` arguments.
+default text of the code, followed by sorted `[key=value; ...]` arguments. Code 10
+(InternalError) is what Director's error presenter makes of everything that is not
+one of its typed errors: a database error (a non-UUID ID, a label key too long for
+its column, a filter query that is not JSON) reads `Internal Server Error
+[errorID=<uuid>]`; a plain Go error (a missing runtime behind `setRuntimeLabel`, the
+`scenarios` label) adds `, reason: <its text>`. So code 10 means "permanent mistake"
+as often as "outage".
 """
 
 from __future__ import annotations
 
+import uuid
 from enum import IntEnum
 
 __all__ = ["ConnectorError", "DirectorError", "ErrorCode", "SimulatorError"]
@@ -96,9 +103,28 @@ class DirectorError(SimulatorError):
 
     @classmethod
     def not_found(cls, object_type: str, object_id: str | None = None) -> DirectorError:
+        """A lookup that found no row names the object type only, so leave out `object_id`
+        to answer as Director's runtime and label lookups do."""
         if object_id is None:
             return cls(ErrorCode.NOT_FOUND, object=object_type)
         return cls(ErrorCode.NOT_FOUND, object=object_type, ID=object_id)
+
+    @classmethod
+    def internal(cls, reason: str | None = None) -> DirectorError:
+        """Code 10 as the presenter words it (`reason`: the text of a plain Go error)."""
+        error_id = uuid.uuid4()
+        if reason is None:
+            return cls(ErrorCode.INTERNAL_ERROR, head=f"Internal Server Error [errorID={error_id}]")
+        return cls(
+            ErrorCode.INTERNAL_ERROR,
+            head=f"Internal Server Error [errorID={error_id}, reason: {reason}]",
+        )
+
+    @classmethod
+    def not_allowed(cls, reason: str, *, object_type: str | None = None) -> DirectorError:
+        if object_type is None:
+            return cls(ErrorCode.INVALID_OPERATION, reason=reason)
+        return cls(ErrorCode.INVALID_OPERATION, reason=reason, object=object_type)
 
     @classmethod
     def invalid(cls, reason: str) -> DirectorError:

@@ -1,13 +1,17 @@
 """In-memory Director state: runtimes per tenant and Connector tokens.
 
 Invariants:
-- A runtime belongs to exactly one tenant; every lookup takes the tenant, so one
-  tenant never sees another's runtimes. Runtimes are indexed by ID (dict) and kept
-  per tenant; names are not unique.
+- A runtime is owned by exactly one tenant and is visible to it and to that tenant's
+  parents (a runtime registered in a subaccount is listed from its global account
+  too, as Director's tenant access propagates upwards); every lookup takes the
+  caller's tenant, so one tenant never sees another's runtimes. Runtimes are indexed
+  by ID (dict) and kept per visible tenant; names are not unique.
 - Records are immutable pydantic models; a change replaces the record.
 - Connector tokens (one-time tokens from Director and the CSR tokens Connector
   hands out) are kept only as SHA-256 hashes, bound to a runtime and tenant, and
   disappear with their runtime.
+- Subaccounts met for the first time in permissive mode are remembered with their
+  parent (state, like the runtimes: cleared and saved with them).
 - A label index maps (tenant, key, scalar value) to runtime IDs, where a list value
   indexes each scalar element: the usual lookup "the runtime whose label K is V" is
   answered without scanning the tenant (benchmarks hold thousands of runtimes).
@@ -77,7 +81,9 @@ class RuntimeRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     id: str
-    tenant: str
+    tenant: str  # the owner
+    # The owner's parents when the runtime was registered: they see it too.
+    parents: tuple[str, ...] = ()
     name: str
     description: str | None = None
     labels: dict[str, Any]
@@ -85,6 +91,10 @@ class RuntimeRecord(BaseModel):
     status_timestamp: datetime
     creation_timestamp: datetime
     application_namespace: str | None = None
+
+    @property
+    def visible_to(self) -> tuple[str, ...]:
+        return (self.tenant, *self.parents)
 
 
 class TokenKind(StrEnum):
@@ -122,6 +132,7 @@ class Store:
         self._index: dict[str, dict[_IndexKey, set[str]]] = {}
         self._tokens: dict[str, ConnectorTokenRecord] = {}
         self._tokens_of: dict[str, set[str]] = {}  # runtime ID -> token hashes
+        self._subaccount_parents: dict[str, str] = {}
         self.version = 0
 
     # -- runtimes -------------------------------------------------------------
@@ -131,28 +142,43 @@ class Store:
         if previous is not None:
             self._unindex(previous)
         self._by_id[record.id] = record
-        self._by_tenant.setdefault(record.tenant, {})[record.id] = record
-        index = self._index.setdefault(record.tenant, {})
-        for key in _index_keys(record.labels):
-            index.setdefault(key, set()).add(record.id)
-        self._sorted.pop(record.tenant, None)
+        for tenant in record.visible_to:
+            self._by_tenant.setdefault(tenant, {})[record.id] = record
+            index = self._index.setdefault(tenant, {})
+            for key in _index_keys(record.labels):
+                index.setdefault(key, set()).add(record.id)
+            self._sorted.pop(tenant, None)
         self.version += 1
 
     def _unindex(self, record: RuntimeRecord) -> None:
-        index = self._index.get(record.tenant, {})
-        for key in _index_keys(record.labels):
-            ids = index.get(key)
-            if ids is not None:
-                ids.discard(record.id)
-                if not ids:
-                    del index[key]
+        for tenant in record.visible_to:
+            index = self._index.get(tenant, {})
+            for key in _index_keys(record.labels):
+                ids = index.get(key)
+                if ids is not None:
+                    ids.discard(record.id)
+                    if not ids:
+                        del index[key]
+            runtimes = self._by_tenant.get(tenant, {})
+            runtimes.pop(record.id, None)
+            if not runtimes:
+                self._by_tenant.pop(tenant, None)
+            self._sorted.pop(tenant, None)
 
-    def create_runtime(self, tenant: str, *, now: datetime, **fields: Any) -> RuntimeRecord:
+    def create_runtime(
+        self,
+        tenant: str,
+        *,
+        now: datetime,
+        parents: tuple[str, ...] = (),
+        **fields: Any,
+    ) -> RuntimeRecord:
         with self._lock:
             runtime_id = fields.pop("id", None) or self._new_id()
             record = RuntimeRecord(
                 id=runtime_id,
                 tenant=tenant,
+                parents=parents,
                 status_timestamp=now,
                 creation_timestamp=now,
                 **fields,
@@ -161,19 +187,20 @@ class Store:
             return record
 
     def get_runtime(self, tenant: str, runtime_id: str) -> RuntimeRecord | None:
+        """The runtime if `tenant` may see it."""
         with self._lock:
             record = self._by_id.get(runtime_id)
-            return record if record is not None and record.tenant == tenant else None
+            return record if record is not None and tenant in record.visible_to else None
 
     def find_runtime(self, runtime_id: str) -> RuntimeRecord | None:
-        """A runtime of any tenant (for the Python API; Director always passes the tenant)."""
+        """A runtime of any tenant (Director's one-time tokens check no ownership)."""
         with self._lock:
             return self._by_id.get(runtime_id)
 
     def replace_runtime(self, record: RuntimeRecord) -> RuntimeRecord:
         with self._lock:
             current = self._by_id.get(record.id)
-            if current is None or current.tenant != record.tenant:
+            if current is None or current.visible_to != record.visible_to:
                 raise KeyError(record.id)
             self._put(record)
             return record
@@ -185,10 +212,6 @@ class Store:
                 return None
             self._unindex(record)
             del self._by_id[runtime_id]
-            del self._by_tenant[tenant][runtime_id]
-            if not self._by_tenant[tenant]:
-                del self._by_tenant[tenant]
-            self._sorted.pop(tenant, None)
             for token_hash in self._tokens_of.pop(runtime_id, set()):
                 self._tokens.pop(token_hash, None)
             self.version += 1
@@ -197,7 +220,7 @@ class Store:
     def list_runtimes(
         self, tenant: str, filters: list[LabelFilter], *, offset: int, limit: int
     ) -> tuple[list[RuntimeRecord], int]:
-        """One page of the tenant's runtimes matching all filters, ordered by name, ID."""
+        """One page of the runtimes the tenant sees matching all filters, ordered by name, ID."""
         with self._lock:
             if not filters:
                 selected = self._sorted.get(tenant)
@@ -226,10 +249,26 @@ class Store:
         return [self._by_id[i] for i in ids]
 
     def runtimes(self, tenant: str | None = None) -> list[RuntimeRecord]:
+        """All runtimes, or those `tenant` sees (its own and its subaccounts')."""
         with self._lock:
             if tenant is None:
                 return list(self._by_id.values())
             return list(self._by_tenant.get(tenant, {}).values())
+
+    # -- subaccounts met in permissive mode ---------------------------------------
+
+    def subaccount_parent(self, subaccount: str) -> str | None:
+        with self._lock:
+            return self._subaccount_parents.get(subaccount)
+
+    def adopt_subaccount(self, subaccount: str, parent: str) -> str:
+        """Record `subaccount` under `parent` unless already known; returns its parent."""
+        with self._lock:
+            known = self._subaccount_parents.get(subaccount)
+            if known is None:
+                self._subaccount_parents[subaccount] = known = parent
+                self.version += 1
+            return known
 
     # -- connector tokens -------------------------------------------------------
 
@@ -272,6 +311,7 @@ class Store:
             self._index.clear()
             self._tokens.clear()
             self._tokens_of.clear()
+            self._subaccount_parents.clear()
             self.version += 1
 
     def to_storage(self) -> dict[str, Any]:
@@ -279,6 +319,7 @@ class Store:
             return {
                 "runtimes": [r.model_dump(mode="json") for r in self._by_id.values()],
                 "connector_tokens": [t.model_dump(mode="json") for t in self._tokens.values()],
+                "subaccounts": dict(self._subaccount_parents),
             }
 
     def load_storage(self, data: dict[str, Any]) -> None:
@@ -291,3 +332,4 @@ class Store:
             for token in tokens:
                 self._tokens[token.token_hash] = token
                 self._tokens_of.setdefault(token.runtime_id, set()).add(token.token_hash)
+            self._subaccount_parents.update(data.get("subaccounts", {}))

@@ -196,6 +196,8 @@ def test_cli_help_lists_the_options() -> None:
         "--client-id",
         "--client-secret",
         "--tenant",
+        "--subaccount",
+        "--consumer-type",
         "--state-file",
         "--ott-ttl",
         "--access-token-ttl",
@@ -216,6 +218,8 @@ def test_cli_serves_with_its_flags_until_terminated(tmp_path: Path) -> None:
         "cli",
         "--tenant",
         TENANT,
+        "--subaccount",
+        f"{TENANT}:sa-cli:cf-eu10",
         "--lost-response",
         "registerRuntime:1",
         "--state-file",
@@ -240,6 +244,16 @@ def test_cli_serves_with_its_flags_until_terminated(tmp_path: Path) -> None:
             assert client.post(REGISTER_RUNTIME, {"in": {"name": "cli-runtime"}}).status_code == 504
             runtimes = http.get(f"{urls['admin_url']}/_sim/runtimes").json()
             assert [r["name"] for r in runtimes] == ["cli-runtime"]
+            in_subaccount = client.result(
+                REGISTER_RUNTIME,
+                {"in": {"name": "sub", "labels": {"global_subaccount_id": "sa-cli"}}},
+            )
+            assert in_subaccount["labels"]["region"] == "cf-eu10"
+            unknown = client.post(
+                REGISTER_RUNTIME,
+                {"in": {"name": "sub", "labels": {"global_subaccount_id": "sa-unknown"}}},
+            )
+            assert unknown.json()["errors"][0]["extensions"]["error_code"] == 20
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0
         assert "cli-runtime" in state_file.read_text()

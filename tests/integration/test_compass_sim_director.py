@@ -1,10 +1,14 @@
 """Compass simulator, Director: the runtime API with the real Director's semantics,
-exercised through HTTP (tenants, validation, labels, filters, paging, tokens)."""
+exercised through HTTP (tenants, validation, labels, filters, paging, tokens).
+
+`tests/integration/real_director/test_contract.py` holds these answers to the real
+Director; here they are pinned for the simulator alone, without building Director."""
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -14,6 +18,7 @@ import httpx
 import pytest
 
 from devenv.compass_sim import CompassSimulator, SimConfig, TokenKind
+from devenv.compass_sim.config import ConsumerType, GlobalAccount, Subaccount
 from devenv.compass_sim.testing import (
     DELETE_RUNTIME_LABEL,
     GET_RUNTIME,
@@ -32,7 +37,13 @@ pytestmark = pytest.mark.timeout(60)
 
 TENANT_A = "3e64ebae-38b5-46a0-b1ed-9ccee153a0ae"
 TENANT_B = "8f6a0c8e-0b3c-4a5f-9d3e-2f1b5c7d9e10"
+SUBACCOUNT_A = "5b1c7e0a-2f4d-4c8e-9a61-0d3f5e7a9b21"  # of A, region cf-eu10
+SUBACCOUNT_A2 = "6c2d8f1b-3a5e-4d9f-8b72-1e4a6f8b0c32"  # of A, no region
+SUBACCOUNT_B = "7d3e9a2c-4b6f-4e0a-9c83-2f5b7a9c1d43"  # of B
 OTT_TTL = 1800
+INTERNAL_ERROR = re.compile(
+    r"Internal Server Error \[errorID=[0-9a-f-]{36}(, reason: (?P<reason>.*))?\]"
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +51,15 @@ def sim(clock: ManualClock) -> Iterator[CompassSimulator]:
     config = SimConfig(
         client_id="id",
         client_secret="secret",
-        tenants=frozenset({TENANT_A, TENANT_B}),
+        accounts={
+            TENANT_A: GlobalAccount(
+                subaccounts={
+                    SUBACCOUNT_A: Subaccount(region="cf-eu10"),
+                    SUBACCOUNT_A2: Subaccount(),
+                }
+            ),
+            TENANT_B: GlobalAccount(subaccounts={SUBACCOUNT_B: Subaccount()}),
+        },
         ott_ttl_seconds=OTT_TTL,
     )
     with CompassSimulator(config, clock=clock).running() as simulator:
@@ -63,13 +82,26 @@ def _errors(response: httpx.Response) -> list[tuple[int, str]]:
     ]
 
 
-def _register(director: DirectorClient, name: str, **fields: Any) -> dict[str, Any]:
-    result: dict[str, Any] = director.result(REGISTER_RUNTIME, {"in": {"name": name, **fields}})
+def _internal_reason(response: httpx.Response) -> str | None:
+    """The reason of Director's one code-10 entry (None: a database error, no reason)."""
+    [error] = response.json()["errors"]
+    assert error["extensions"] == {"error_code": 10, "error": "InternalError"}
+    match = INTERNAL_ERROR.fullmatch(error["message"])
+    assert match is not None, error["message"]
+    return match.group("reason")
+
+
+def _register(
+    director: DirectorClient, name: str, *, tenant: str = TENANT_A, **fields: Any
+) -> dict[str, Any]:
+    result: dict[str, Any] = director.result(
+        REGISTER_RUNTIME, {"in": {"name": name, **fields}}, tenant=tenant
+    )
     return result
 
 
-def _list(director: DirectorClient, **variables: Any) -> dict[str, Any]:
-    result: dict[str, Any] = director.result(LIST_RUNTIMES, variables)
+def _list(director: DirectorClient, *, tenant: str = TENANT_A, **variables: Any) -> dict[str, Any]:
+    result: dict[str, Any] = director.result(LIST_RUNTIMES, variables, tenant=tenant)
     return result
 
 
@@ -80,23 +112,213 @@ def test_register_runtime_returns_the_stored_runtime(
         director,
         "kyma-abc",
         description="a Kyma runtime",
-        labels={"global_subaccount_id": "sa-1", "broker_plan_name": "azure"},
+        labels={"global_subaccount_id": SUBACCOUNT_A, "broker_plan_name": "azure"},
     )
     assert uuid.UUID(runtime["id"]).version == 4
     assert runtime["name"] == "kyma-abc"
     assert runtime["description"] == "a Kyma runtime"
-    # Director marks every runtime it registers as normalized.
+    # Director marks every runtime it registers as normalized, and one an Integration
+    # System registers as Kyma, in its subaccount's region.
     assert runtime["labels"] == {
-        "global_subaccount_id": "sa-1",
+        "global_subaccount_id": SUBACCOUNT_A,
         "broker_plan_name": "azure",
         "isNormalized": "true",
+        "runtimeType": "kyma",
+        "region": "cf-eu10",
     }
+    assert runtime["applicationNamespace"] == "sap.kyma"
     assert runtime["status"]["condition"] == "INITIAL"
     created = datetime.fromisoformat(runtime["metadata"]["creationTimestamp"])
     assert abs(created.timestamp() - clock()) < 1.0
     assert runtime["status"]["timestamp"] == runtime["metadata"]["creationTimestamp"]
     [stored] = sim.runtimes(TENANT_A)
-    assert (stored.id, stored.tenant, stored.name) == (runtime["id"], TENANT_A, "kyma-abc")
+    assert (stored.id, stored.tenant, stored.name) == (runtime["id"], SUBACCOUNT_A, "kyma-abc")
+
+
+@pytest.mark.parametrize(
+    ("labels", "region"),
+    [({}, ""), ({"global_subaccount_id": SUBACCOUNT_A2}, ""), ({"region": "mine"}, "")],
+)
+def test_region_is_the_subaccounts_or_empty(
+    director: DirectorClient, labels: dict[str, Any], region: str
+) -> None:
+    assert _register(director, "regional", labels=labels)["labels"]["region"] == region
+
+
+def test_a_technical_client_gets_no_kyma_labels(http: httpx.Client) -> None:
+    config = SimConfig(
+        client_id="id", client_secret="secret", consumer_type=ConsumerType.TECHNICAL_CLIENT
+    )
+    with CompassSimulator(config).running() as technical:
+        client = DirectorClient(
+            http, technical.director_url, token=technical.issue_access_token(), tenant=TENANT_A
+        )
+        runtime = _register(client, "plain", applicationNamespace="mine")
+    assert runtime["labels"] == {"isNormalized": "true"}
+    assert runtime["applicationNamespace"] == "mine"
+
+
+def test_runtime_type_cannot_be_chosen_nor_changed(director: DirectorClient) -> None:
+    runtime = _register(director, "typed", labels={"runtimeType": "other"})
+    assert runtime["labels"]["runtimeType"] == "kyma"
+    response = director.post(
+        SET_RUNTIME_LABEL, {"runtimeID": runtime["id"], "key": "runtimeType", "value": "x"}
+    )
+    assert _errors(response) == [(22, "InvalidData")]
+    assert response.json()["errors"][0]["message"] == (
+        "Invalid data [reason=could not set unmodifiable label with key runtimeType]"
+    )
+    updated = director.result(
+        UPDATE_RUNTIME, {"id": runtime["id"], "in": {"name": "typed", "labels": {}}}
+    )
+    assert updated["labels"]["runtimeType"] == "kyma"
+
+
+def test_a_runtime_of_a_subaccount_is_seen_from_it_and_its_global_account(
+    sim: CompassSimulator, director: DirectorClient
+) -> None:
+    rid = _register(director, "owned", labels={"global_subaccount_id": SUBACCOUNT_A})["id"]
+    for tenant in (TENANT_A, SUBACCOUNT_A):
+        assert director.result(GET_RUNTIME, {"id": rid}, tenant=tenant)["id"] == rid
+        assert [r["id"] for r in _list(director, tenant=tenant)["data"]] == [rid]
+    for stranger in (SUBACCOUNT_A2, TENANT_B, SUBACCOUNT_B):
+        assert director.result(GET_RUNTIME, {"id": rid}, tenant=stranger) is None
+        assert _list(director, tenant=stranger)["data"] == []
+    assert [r.id for r in sim.runtimes(TENANT_A)] == [rid]
+    assert [r.id for r in sim.runtimes(SUBACCOUNT_A)] == [rid]
+    # The global account manages it like its own.
+    director.result(SET_RUNTIME_LABEL, {"runtimeID": rid, "key": "k", "value": "v"})
+    assert director.result(UNREGISTER_RUNTIME, {"id": rid})["id"] == rid
+    assert sim.runtimes() == []
+
+
+def test_a_subaccount_may_register_in_itself(director: DirectorClient) -> None:
+    runtime = _register(
+        director, "self", labels={"global_subaccount_id": SUBACCOUNT_A}, tenant=SUBACCOUNT_A
+    )
+    assert runtime["labels"]["region"] == "cf-eu10"
+    assert director.result(GET_RUNTIME, {"id": runtime["id"]})["id"] == runtime["id"]
+
+
+@pytest.mark.parametrize(
+    ("tenant", "subaccount"),
+    [
+        (TENANT_A, SUBACCOUNT_B),  # another global account's subaccount
+        (TENANT_A, TENANT_B),  # another global account
+        (SUBACCOUNT_A, SUBACCOUNT_A2),  # a sibling
+        (SUBACCOUNT_A, TENANT_A),  # its own parent
+    ],
+)
+def test_the_subaccount_must_be_the_caller_or_its_child(
+    sim: CompassSimulator, director: DirectorClient, tenant: str, subaccount: str
+) -> None:
+    response = director.post(
+        REGISTER_RUNTIME,
+        {"in": {"name": "x", "labels": {"global_subaccount_id": subaccount}}},
+        tenant=tenant,
+    )
+    assert _errors(response) == [(27, "InvalidOperation")]
+    assert response.json()["errors"][0]["message"] == (
+        "The operation is not allowed [reason=Tenant provided in global_subaccount_id label "
+        "should be child of the caller tenant]"
+    )
+    assert sim.runtimes() == []
+
+
+def test_an_unknown_subaccount_is_not_found(
+    sim: CompassSimulator, director: DirectorClient
+) -> None:
+    response = director.post(
+        REGISTER_RUNTIME, {"in": {"name": "x", "labels": {"global_subaccount_id": "not-synced"}}}
+    )
+    assert _errors(response) == [(20, "NotFound")]
+    assert response.json()["errors"][0]["message"] == "Object not found [object=tenant]"
+    assert sim.runtimes() == []
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (["a", "b"], "expected single value for label"),
+        (5, "cannot cast label value: expected []string or string"),
+    ],
+)
+def test_the_subaccount_label_is_one_string(
+    director: DirectorClient, value: Any, reason: str
+) -> None:
+    response = director.post(
+        REGISTER_RUNTIME, {"in": {"name": "x", "labels": {"global_subaccount_id": value}}}
+    )
+    assert _internal_reason(response) == f"while converting global_subaccount_id label: {reason}"
+
+
+def test_permissive_mode_adopts_a_new_subaccount_under_its_first_caller(
+    http: httpx.Client,
+) -> None:
+    with CompassSimulator(SimConfig(client_id="id", client_secret="secret")).running() as open_sim:
+        client = DirectorClient(
+            http, open_sim.director_url, token=open_sim.issue_access_token(), tenant="ga-1"
+        )
+        labels = {"global_subaccount_id": "sa-new"}
+        rid = _register(client, "first", labels=labels, tenant="ga-1")["id"]
+        assert _register(client, "second", labels=labels, tenant="ga-1")["id"] != rid
+        refused = client.post(
+            REGISTER_RUNTIME, {"in": {"name": "x", "labels": labels}}, tenant="ga-2"
+        )
+        assert _errors(refused) == [(27, "InvalidOperation")]
+        assert {r.tenant for r in open_sim.runtimes("ga-1")} == {"sa-new"}
+        assert len(open_sim.runtimes("sa-new")) == 2
+        open_sim.reset()
+        # Forgotten with the state: a fresh start knows no subaccount.
+        assert _register(client, "third", labels=labels, tenant="ga-2")["name"] == "third"
+
+
+def test_scenarios_cannot_be_set_explicitly(
+    sim: CompassSimulator, director: DirectorClient
+) -> None:
+    response = director.post(
+        REGISTER_RUNTIME, {"in": {"name": "x", "labels": {"scenarios": ["DEFAULT"]}}}
+    )
+    assert _internal_reason(response) == "label with key scenarios cannot be set explicitly"
+    assert sim.runtimes() == []
+
+
+def test_a_label_key_longer_than_its_column_fails_in_the_database(
+    sim: CompassSimulator, director: DirectorClient
+) -> None:
+    long_key = "k" * 257
+    response = director.post(REGISTER_RUNTIME, {"in": {"name": "x", "labels": {long_key: "v"}}})
+    assert _internal_reason(response) is None
+    assert sim.runtimes() == []
+    assert _register(director, "fits", labels={"k" * 256: "v"})["name"] == "fits"
+    rid = _register(director, "target")["id"]
+    # setRuntimeLabel validates the length itself.
+    response = director.post(SET_RUNTIME_LABEL, {"runtimeID": rid, "key": long_key, "value": "v"})
+    assert response.json()["errors"][0]["message"] == (
+        "Invalid data LabelInput [key=the length must be no more than 256]"
+    )
+
+
+@pytest.mark.parametrize(
+    ("query", "variables"),
+    [
+        (GET_RUNTIME, {"id": "not-a-uuid"}),
+        (UNREGISTER_RUNTIME, {"id": "not-a-uuid"}),
+        (UPDATE_RUNTIME, {"id": "not-a-uuid", "in": {"name": "x"}}),
+        (REQUEST_ONE_TIME_TOKEN, {"id": "not-a-uuid"}),
+        (SET_RUNTIME_LABEL, {"runtimeID": "not-a-uuid", "key": "k", "value": "v"}),
+        (DELETE_RUNTIME_LABEL, {"runtimeID": "not-a-uuid", "key": "k"}),
+    ],
+)
+def test_an_id_that_is_no_uuid_fails_in_the_database(
+    director: DirectorClient, query: str, variables: dict[str, Any]
+) -> None:
+    assert _internal_reason(director.post(query, variables)) is None
+
+
+def test_ids_are_read_as_postgres_reads_uuids(director: DirectorClient) -> None:
+    rid = _register(director, "upper")["id"]
+    assert director.result(GET_RUNTIME, {"id": rid.upper()})["id"] == rid
 
 
 def test_runtime_names_are_not_unique(director: DirectorClient) -> None:
@@ -160,6 +382,15 @@ def test_invalid_labels_and_descriptions_are_rejected(
     assert sim.runtimes() == []
 
 
+def test_every_invalid_field_and_label_key_is_named(director: DirectorClient) -> None:
+    labels = {"bad-key": "x", "": "y", "ok": "z"}
+    response = director.post(REGISTER_RUNTIME, {"in": {"name": "a b", "labels": labels}})
+    assert response.json()["errors"][0]["message"] == (
+        "Invalid data RuntimeRegisterInput [labels=: cannot be blank; "
+        "bad-key: must be in a valid format.; name=must be in a valid format]"
+    )
+
+
 def test_label_keys_with_underscores_and_long_descriptions_are_fine(
     director: DirectorClient,
 ) -> None:
@@ -188,9 +419,31 @@ def test_tenant_header_is_required(director: DirectorClient) -> None:
     assert _errors(response) == [(24, "TenantRequired")]
 
 
-def test_unknown_tenant_is_refused_when_tenants_are_configured(director: DirectorClient) -> None:
+def test_unknown_tenant_is_refused_when_tenants_are_configured(
+    sim: CompassSimulator, director: DirectorClient
+) -> None:
     response = director.post(REGISTER_RUNTIME, {"in": {"name": "x"}}, tenant="someone-else")
-    assert _errors(response) == [(25, "TenantNotFound")]
+    assert response.status_code == 400
+    assert response.json() == {
+        "errors": [
+            {
+                "message": "Tenant not found [externalTenant=someone-else]",
+                "extensions": {"error_code": 25, "error": "TenantNotFound"},
+            }
+        ],
+        "data": None,
+    }
+    assert sim.counter("registerRuntime").errors == 1
+
+
+def test_the_tenants_shorthand_knows_global_accounts(http: httpx.Client) -> None:
+    config = SimConfig(client_id="id", client_secret="secret", tenants=frozenset({"ga"}))
+    with CompassSimulator(config).running() as listed:
+        client = DirectorClient(
+            http, listed.director_url, token=listed.issue_access_token(), tenant="ga"
+        )
+        assert _register(client, "known", tenant="ga")["name"] == "known"
+        assert client.post(LIST_RUNTIMES, tenant="other").status_code == 400
 
 
 def test_every_tenant_is_accepted_without_a_tenant_list(http: httpx.Client) -> None:
@@ -199,7 +452,7 @@ def test_every_tenant_is_accepted_without_a_tenant_list(http: httpx.Client) -> N
         client = DirectorClient(
             http, open_sim.director_url, token=open_sim.issue_access_token(), tenant="any-tenant"
         )
-        assert _register(client, "anywhere")["name"] == "anywhere"
+        assert _register(client, "anywhere", tenant="any-tenant")["name"] == "anywhere"
         assert [r.tenant for r in open_sim.runtimes()] == ["any-tenant"]
 
 
@@ -215,14 +468,28 @@ def test_runtimes_are_invisible_to_other_tenants(
     for query, variables in [
         (UPDATE_RUNTIME, {"id": rid, "in": {"name": "stolen"}}),
         (UNREGISTER_RUNTIME, {"id": rid}),
+    ]:
+        response = director.post(query, variables, **other)
+        assert _errors(response) == [(20, "NotFound")], query
+        assert response.json()["errors"][0]["message"] == "Object not found [object=runtime]"
+    for query, variables in [
         (SET_RUNTIME_LABEL, {"runtimeID": rid, "key": "k", "value": "x"}),
         (DELETE_RUNTIME_LABEL, {"runtimeID": rid, "key": "k"}),
-        (REQUEST_ONE_TIME_TOKEN, {"id": rid}),
     ]:
-        assert _errors(director.post(query, variables, **other)) == [(20, "NotFound")], query
+        reason = _internal_reason(director.post(query, variables, **other))
+        assert reason == f"Runtime with ID {rid} doesn't exist", query
     [stored] = sim.runtimes()
     assert (stored.name, stored.labels["k"]) == ("private", "v")
-    assert sim.connector_tokens() == []
+
+
+def test_one_time_tokens_check_no_ownership(
+    sim: CompassSimulator, director: DirectorClient
+) -> None:
+    rid = _register(director, "private")["id"]
+    token = director.result(REQUEST_ONE_TIME_TOKEN, {"id": rid}, tenant=TENANT_B)
+    assert token["used"] is False
+    [record] = sim.connector_tokens(rid)
+    assert record.tenant == TENANT_B
 
 
 def test_runtime_query_returns_null_when_missing(director: DirectorClient) -> None:
@@ -247,8 +514,9 @@ def test_update_replaces_name_description_status_and_all_labels(
     )
     assert updated["id"] == runtime["id"]
     assert updated["name"] == "after"
-    assert updated["description"] is None
-    assert updated["labels"] == {"c": 3, "isNormalized": "true"}
+    assert updated["description"] == "old"  # kept unless given
+    # Every label is replaced but the immutable runtimeType (region goes too).
+    assert updated["labels"] == {"c": 3, "isNormalized": "true", "runtimeType": "kyma"}
     assert updated["status"]["condition"] == "INITIAL"
     assert updated["metadata"] == runtime["metadata"]
     assert updated["status"]["timestamp"] > runtime["status"]["timestamp"]
@@ -258,6 +526,14 @@ def test_update_replaces_name_description_status_and_all_labels(
 def test_update_of_missing_runtime_is_not_found(director: DirectorClient) -> None:
     response = director.post(UPDATE_RUNTIME, {"id": str(uuid.uuid4()), "in": {"name": "x"}})
     assert _errors(response) == [(20, "NotFound")]
+
+
+def test_update_cannot_set_scenarios(director: DirectorClient) -> None:
+    rid = _register(director, "x")["id"]
+    response = director.post(
+        UPDATE_RUNTIME, {"id": rid, "in": {"name": "x", "labels": {"scenarios": ["A"]}}}
+    )
+    assert _internal_reason(response) == "label with key scenarios cannot be set explicitly"
 
 
 def test_update_validates_its_input(director: DirectorClient) -> None:
@@ -290,23 +566,23 @@ def test_unregister_returns_the_runtime_then_it_is_gone(
 
 def test_label_filters_are_anded_and_match_by_json_containment(director: DirectorClient) -> None:
     ids = {
-        "one": _register(director, "one", labels={"global_subaccount_id": "abc", "region": "eu"}),
-        "two": _register(director, "two", labels={"global_subaccount_id": ["abc", "def"]}),
+        "one": _register(director, "one", labels={"instance": "abc", "zone": "eu"}),
+        "two": _register(director, "two", labels={"instance": ["abc", "def"]}),
         "three": _register(
-            director, "three", labels={"global_subaccount_id": "abcd", "meta": {"plan": "azure"}}
+            director, "three", labels={"instance": "abcd", "meta": {"plan": "azure"}}
         ),
         "four": _register(director, "four", labels={"other": "x"}),
     }
     cases: list[tuple[list[dict[str, str]], set[str]]] = [
-        ([{"key": "global_subaccount_id", "query": '"abc"'}], {"one", "two"}),
-        ([{"key": "global_subaccount_id"}], {"one", "two", "three"}),
-        ([{"key": "global_subaccount_id", "query": '["abc", "def"]'}], {"two"}),
+        ([{"key": "instance", "query": '"abc"'}], {"one", "two"}),
+        ([{"key": "instance"}], {"one", "two", "three"}),
+        ([{"key": "instance", "query": '["abc", "def"]'}], {"two"}),
         ([{"key": "meta", "query": '{"plan": "azure"}'}], {"three"}),
         ([{"key": "meta", "query": '{"plan": "gcp"}'}], set()),
         (
             [
-                {"key": "global_subaccount_id", "query": '"abc"'},
-                {"key": "region", "query": '"eu"'},
+                {"key": "instance", "query": '"abc"'},
+                {"key": "zone", "query": '"eu"'},
             ],
             {"one"},
         ),
@@ -323,7 +599,7 @@ def test_label_filters_are_anded_and_match_by_json_containment(director: Directo
 
 def test_label_filter_query_must_be_json(director: DirectorClient) -> None:
     response = director.post(LIST_RUNTIMES, {"filter": [{"key": "k", "query": "abc"}]})
-    assert _errors(response) == [(22, "InvalidData")]
+    assert _internal_reason(response) is None
 
 
 @pytest.mark.parametrize(
@@ -363,6 +639,7 @@ def test_cursor_paging_walks_all_runtimes_in_name_order(director: DirectorClient
         page = _list(director, first=2, after=after, filter=[{"key": "set"}])
         pages += 1
         assert page["totalCount"] == 5
+        assert page["pageInfo"]["startCursor"] == (after or "")
         seen += [r["name"] for r in page["data"]]
         if not page["pageInfo"]["hasNextPage"]:
             break
@@ -370,11 +647,37 @@ def test_cursor_paging_walks_all_runtimes_in_name_order(director: DirectorClient
         assert page["pageInfo"]["endCursor"] != page["pageInfo"]["startCursor"]
     assert seen == sorted(names)
     assert pages == 3
+    assert page["pageInfo"]["endCursor"] == ""  # the last page
+    assert page["pageInfo"]["startCursor"] == after
 
 
-def test_invalid_cursor_is_rejected(director: DirectorClient) -> None:
-    response = director.post(LIST_RUNTIMES, {"first": 2, "after": "not a cursor"})
+@pytest.mark.parametrize(
+    ("cursor", "reason"),
+    [
+        (
+            "not a cursor",
+            "while decoding page cursor: cursor is not correct: "
+            "illegal base64 data at input byte 3",
+        ),
+        (
+            base64.b64encode(b"offset:2").decode(),
+            'while decoding page cursor: cursor is not correct: strconv.Atoi: parsing "offset:2": '
+            "invalid syntax",
+        ),
+    ],
+)
+def test_a_cursor_that_does_not_decode_is_an_internal_error(
+    director: DirectorClient, cursor: str, reason: str
+) -> None:
+    response = director.post(LIST_RUNTIMES, {"first": 2, "after": cursor})
+    assert _internal_reason(response) == reason
+
+
+def test_a_negative_cursor_is_invalid_data(director: DirectorClient) -> None:
+    cursor = base64.b64encode(b"DpKtJ4j9jDq-2").decode()
+    response = director.post(LIST_RUNTIMES, {"first": 2, "after": cursor})
     assert _errors(response) == [(22, "InvalidData")]
+    assert response.json()["errors"][0]["message"] == "Invalid data [reason=cursor is not correct]"
 
 
 def test_one_time_token_for_runtime(
@@ -387,14 +690,29 @@ def test_one_time_token_for_runtime(
     assert first["token"] != second["token"]
     assert first["connectorURL"] == sim.connector_url
     assert first["used"] is False
-    assert first["usedAt"] is None
+    assert first["usedAt"] == "0001-01-01T00:00:00Z"  # Go's zero time: never used
     assert first["type"] == "Runtime"
     created = datetime.fromisoformat(first["createdAt"])
     expires = datetime.fromisoformat(first["expiresAt"])
     assert expires - created == timedelta(seconds=OTT_TTL)
     assert abs(created.timestamp() - clock()) < 1.0
     raw = json.loads(first["raw"])
-    assert raw == {"token": first["token"], "connectorURL": sim.connector_url}
+    assert list(raw) == [
+        "token",
+        "connectorURL",
+        "used",
+        "expiresAt",
+        "createdAt",
+        "usedAt",
+        "type",
+        "scenario_groups",
+    ]
+    assert (raw["token"], raw["connectorURL"], raw["used"]) == (
+        first["token"],
+        sim.connector_url,
+        False,
+    )
+    assert datetime.fromisoformat(raw["expiresAt"]) - expires < timedelta(seconds=1)
     assert base64.b64decode(first["rawEncoded"]).decode() == first["raw"]
     tokens = sim.connector_tokens(runtime["id"])
     assert len(tokens) == 2
@@ -403,9 +721,16 @@ def test_one_time_token_for_runtime(
     assert all(first["token"] not in t.model_dump_json() for t in tokens)
 
 
-def test_one_time_token_for_missing_runtime_is_not_found(director: DirectorClient) -> None:
-    response = director.post(REQUEST_ONE_TIME_TOKEN, {"id": str(uuid.uuid4())})
-    assert _errors(response) == [(20, "NotFound")]
+def test_one_time_token_for_a_missing_runtime_is_not_allowed(director: DirectorClient) -> None:
+    gone = _register(director, "gone")["id"]
+    director.result(UNREGISTER_RUNTIME, {"id": gone})
+    for runtime_id in (str(uuid.uuid4()), gone):
+        response = director.post(REQUEST_ONE_TIME_TOKEN, {"id": runtime_id})
+        assert _errors(response) == [(27, "InvalidOperation")]
+        assert response.json()["errors"][0]["message"] == (
+            "The operation is not allowed [object=systemAuth; "
+            "reason=The referenced entity does not exists]"
+        )
 
 
 def test_set_and_delete_runtime_labels(director: DirectorClient) -> None:
@@ -418,13 +743,20 @@ def test_set_and_delete_runtime_labels(director: DirectorClient) -> None:
     assert set_result == {"key": "new_key", "value": value}
     director.result(SET_RUNTIME_LABEL, {"runtimeID": rid, "key": "keep", "value": "changed"})
     labels = director.result(GET_RUNTIME, {"id": rid})["labels"]
-    assert labels == {"keep": "changed", "new_key": value, "isNormalized": "true"}
+    assert labels == {
+        "keep": "changed",
+        "new_key": value,
+        "isNormalized": "true",
+        "runtimeType": "kyma",
+        "region": "",
+    }
 
     deleted = director.result(DELETE_RUNTIME_LABEL, {"runtimeID": rid, "key": "new_key"})
     assert deleted == {"key": "new_key", "value": value}
     assert "new_key" not in director.result(GET_RUNTIME, {"id": rid})["labels"]
     again = director.post(DELETE_RUNTIME_LABEL, {"runtimeID": rid, "key": "new_key"})
     assert _errors(again) == [(20, "NotFound")]
+    assert again.json()["errors"][0]["message"] == "Object not found [object=label]"
 
 
 @pytest.mark.parametrize(
@@ -443,30 +775,41 @@ def test_set_runtime_label_validates_key_and_value(
     assert key not in director.result(GET_RUNTIME, {"id": rid})["labels"]
 
 
-def test_set_label_of_missing_runtime_is_not_found(director: DirectorClient) -> None:
+def test_set_label_of_missing_runtime_is_an_internal_error(director: DirectorClient) -> None:
+    missing = str(uuid.uuid4())
+    response = director.post(SET_RUNTIME_LABEL, {"runtimeID": missing, "key": "k", "value": "v"})
+    assert _internal_reason(response) == f"Runtime with ID {missing} doesn't exist"
+
+
+def test_scenarios_label_cannot_be_set_nor_deleted(director: DirectorClient) -> None:
+    rid = _register(director, "x")["id"]
     response = director.post(
-        SET_RUNTIME_LABEL, {"runtimeID": str(uuid.uuid4()), "key": "k", "value": "v"}
+        SET_RUNTIME_LABEL, {"runtimeID": rid, "key": "scenarios", "value": "A"}
     )
-    assert _errors(response) == [(20, "NotFound")]
+    assert _internal_reason(response) == "label with key scenarios cannot be set explicitly"
 
 
 def test_labels_field_takes_a_key(director: DirectorClient) -> None:
     rid = _register(director, "keyed", labels={"a": "1", "b": "2"})["id"]
     assert director.result(RUNTIME_LABEL, {"id": rid, "key": "b"}) == {"labels": {"b": "2"}}
     assert director.result(RUNTIME_LABEL, {"id": rid, "key": "zzz"}) == {"labels": {}}
-    assert set(director.result(RUNTIME_LABEL, {"id": rid})["labels"]) == {"a", "b", "isNormalized"}
+    labels = director.result(RUNTIME_LABEL, {"id": rid})["labels"]
+    assert set(labels) == {"a", "b", "isNormalized", "runtimeType", "region"}
 
 
 def test_malformed_requests(sim: CompassSimulator, director: DirectorClient) -> None:
     headers = {"Authorization": f"Bearer {director.token}", "Tenant": TENANT_A}
     not_json = director.client.post(sim.director_url, content=b"{", headers=headers)
     assert not_json.status_code == 400
+    # What gqlgen cannot execute reaches Director's error presenter as an untyped error.
     syntax = director.post("query { runtimes(first: 1) {")
     assert syntax.status_code == 422
-    assert syntax.json()["errors"][0]["extensions"]["code"] == "GRAPHQL_PARSE_FAILED"
-    unknown = director.post("query { applications { totalCount } }")
+    assert syntax.json()["data"] is None
+    assert (_internal_reason(syntax) or "").startswith("input:1: Syntax Error")
+    unknown = director.post("query {\n applications { totalCount } }")
     assert unknown.status_code == 422
-    assert unknown.json()["errors"][0]["extensions"]["code"] == "GRAPHQL_VALIDATION_FAILED"
+    assert (_internal_reason(unknown) or "").startswith("input:2: Cannot query field")
+    assert "path" not in unknown.json()["errors"][0]
 
 
 def test_several_root_fields_in_one_request_are_counted_separately(

@@ -89,3 +89,34 @@ def test_storage_round_trip_keeps_runtimes_index_and_tokens() -> None:
     assert restored.tokens(record.id) == store.tokens(record.id)
     restored.delete_runtime("t", record.id)
     assert restored.tokens() == []
+
+
+def test_a_runtime_is_seen_by_its_owner_and_parents_only() -> None:
+    store = Store()
+    owned = store.create_runtime("sa", now=NOW, parents=("ga",), name="rt", labels={"k": "v"})
+    for tenant in ("sa", "ga"):
+        assert store.get_runtime(tenant, owned.id) == owned
+        assert [r.id for r in store.runtimes(tenant)] == [owned.id]
+        page, total = store.list_runtimes(tenant, parse_filters([{"key": "k"}]), offset=0, limit=5)
+        assert ([r.id for r in page], total) == ([owned.id], 1)
+    assert store.get_runtime("other", owned.id) is None
+    store.replace_runtime(owned.model_copy(update={"labels": {"k": "w"}}))
+    assert (
+        store.list_runtimes("ga", parse_filters([{"key": "k", "query": '"v"'}]), offset=0, limit=5)[
+            1
+        ]
+        == 0
+    )
+    assert store.delete_runtime("ga", owned.id) is not None
+    assert store.runtimes("sa") == store.runtimes("ga") == []
+
+
+def test_adopted_subaccounts_keep_their_first_parent_and_survive_a_save() -> None:
+    store = Store()
+    assert store.adopt_subaccount("sa", "ga-1") == "ga-1"
+    assert store.adopt_subaccount("sa", "ga-2") == "ga-1"
+    copy = Store()
+    copy.load_storage(store.to_storage())
+    assert copy.subaccount_parent("sa") == "ga-1"
+    copy.clear()
+    assert copy.subaccount_parent("sa") is None
