@@ -164,8 +164,17 @@ class Bench:
 
     @contextlib.asynccontextmanager
     async def stack(
-        self, spec: RunSpec, *, capacity: int, cprofile: bool = False
+        self,
+        spec: RunSpec,
+        *,
+        capacity: int,
+        cprofile: bool = False,
+        target: Simulator | None = None,
+        broker_env: Mapping[str, str] | None = None,
     ) -> AsyncIterator[Run]:
+        """The run's system under test. `target`: a Director started by the caller (the real
+        one, `bench.real`) instead of a fresh simulator; the caller stops it. `broker_env`:
+        settings of this run's brokers on top of the bench's own."""
         workdir = run_workdir(self.config.workdir, spec.label.replace(" ", "_").replace(",", ""))
         namespace = unique_namespace(f"bench-{spec.scenario}")
         keys = self.keys[: spec.n]
@@ -175,7 +184,7 @@ class Bench:
         if spec.identity_mode == "tokenreview":
             clusters = self._clusters()
             await self.kcp.seed_kubeconfigs(namespace, keys, clusters.kubeconfigs)
-        sim = await asyncio.to_thread(
+        sim = target or await asyncio.to_thread(
             start_simulator, workdir, capacity=capacity, latency=spec.latency
         )
         try:
@@ -189,7 +198,7 @@ class Bench:
                 identity_mode=spec.identity_mode,
                 jwks_issuer_template=self.jwks_template,
                 max_concurrency=self.plan.broker_concurrency,
-                overrides=self.config.broker_env,
+                overrides={**self.config.broker_env, **(broker_env or {})},
                 cprofile_first=cprofile,
             )
             try:
@@ -209,7 +218,8 @@ class Bench:
                             f"broker exited with {code}; log: {broker.child.log_path}"
                         )
         finally:
-            sim.child.stop()
+            if target is None:
+                sim.child.stop()
             self.progress.say(f"{spec.label}: clearing KCP namespace {namespace}")
             try:
                 await self.kcp.clear_namespace(namespace)

@@ -275,6 +275,7 @@ class Simulator:
     urls: dict[str, str]
     secret: str = field(repr=False)
     calls: list[DirectorCall] = field(default_factory=list)
+    client_id: str = CLIENT_ID  # the OAuth client the brokers' credentials file names
     lost_records: int = 0  # records the simulator's bounded log dropped before we read them
     _since: int = 0
 
@@ -417,7 +418,7 @@ def start_brokers(
         yaml.safe_dump(
             {
                 "data": {
-                    "client_id": CLIENT_ID,
+                    "client_id": sim.client_id,
                     "client_secret": sim.secret,
                     "tokens_endpoint": sim.urls["token_url"],
                 }

@@ -1,0 +1,768 @@
+"""`python -m bench.real`: the fleet benchmarks of issue 26 against the real Compass Director.
+
+Two scenarios, chosen with `--scenarios` (default both):
+
+- `lost`: N runtimes (default 200) start cold while 30 % of `registerRuntime` answers are
+  lost after Director acted, once against the Compass simulator (its counted lost responses:
+  the first 30 % of N registrations) and once against the real Director (the gateway loses
+  each answer with probability 0.3). After everyone connected the bench waits a few
+  reconciler sweeps (their period shortened to `--sweep-seconds`) so label write-backs are
+  counted, then counts every Director call (all operations) per runtime and the duplicates in
+  Director's own store: the simulator's, or Director's PostgreSQL grouped by
+  `kyma_runtime_id`.
+- `real`: Director's own capacity here first (register + token pairs per second sent straight
+  to the gateway, at the brokers' concurrency and at C), then a cold start of N (default
+  1,000) through one broker against the real Director: time to all connected against the
+  time that capacity allows, agent timeouts, one-time tokens issued, duplicates.
+
+Each scenario gets a fresh real Director stack (its PostgreSQL, its gateway) on the bench's
+KCP API server. Figures go to `<out-dir>/benchmarks-real.json` and `.md`; `--docs` also puts
+them into docs/benchmarks.md (a section of its own) and docs/benchmarks.json (key
+`real_director`), leaving everything else there as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+
+from bench import plan as planning
+from bench import stats
+from bench.keys import new_runtime_keys
+from bench.plan import RunSpec
+from bench.procs import Child
+from bench.progress import Progress
+from bench.results import Plan
+from bench.scenarios import ADMISSION_GAUGES, RUNTIME_ID_LABEL, Bench, BenchConfig, label_value
+from bench.stack import ApiServer, Simulator, global_account
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOST_RATIO = 0.3
+LOST_N = 200
+REAL_N = 1000
+CAPACITY_PAIRS = 400
+SWEEP_SECONDS = 5.0
+SWEEPS_WAITED = 3
+CALLS_TARGET = 3.0
+RATIO_TARGET = 1.25
+SECTION_BEGIN = "<!-- bench.real: begin (python -m bench.real --docs rewrites this section) -->"
+SECTION_END = "<!-- bench.real: end -->"
+JSON_KEY = "real_director"
+PROVIDER = "kyma-compass-pull bench"
+REGISTER = """mutation RegisterRuntime($in: RuntimeRegisterInput!) {
+  registerRuntime(in: $in) { id name labels } }"""
+TOKEN = """mutation RequestOneTimeTokenForRuntime($id: ID!) {
+  requestOneTimeTokenForRuntime(id: $id) { token connectorURL used expiresAt } }"""
+
+
+# --- pure pieces ---------------------------------------------------------------------------------
+
+
+def duplicates_by_label(runtimes: Iterable[Mapping[str, Any]], key: str = RUNTIME_ID_LABEL) -> int:
+    """Registrations beyond the first per value of label `key` (runtimes without it ignored)."""
+    values = [label_value(dict(r.get("labels") or {}), key) for r in runtimes]
+    return stats.duplicate_registrations(v for v in values if v)
+
+
+def registrations_of(
+    runtimes: Iterable[Mapping[str, Any]], ids: Iterable[str], key: str = RUNTIME_ID_LABEL
+) -> list[Mapping[str, Any]]:
+    """The registrations whose label `key` is one of `ids` (the run's own runtimes)."""
+    wanted = set(ids)
+    return [r for r in runtimes if label_value(dict(r.get("labels") or {}), key) in wanted]
+
+
+def call_delta(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
+    """Calls per operation made between two readings of cumulative counters."""
+    out = {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
+def calls_per_runtime(calls: Mapping[str, int], runtimes: int) -> float | None:
+    """Every Director call (all operations) divided by the runtimes served."""
+    return sum(calls.values()) / runtimes if runtimes else None
+
+
+def agent_timeouts(attempts: Mapping[str, int]) -> int:
+    """Agent attempts that ended in the agent's own timeout (`transport error ...Timeout`)."""
+    return sum(v for k, v in attempts.items() if "timeout" in k.lower())
+
+
+def capacity_bound(n: int, pairs_per_second: float) -> float:
+    """Seconds Director needs for n register + token pairs at the rate it sustains."""
+    return n / pairs_per_second
+
+
+def admission_summary(rows: Sequence[Mapping[str, str]]) -> dict[str, dict[str, float]]:
+    """Mean and max of each admission gauge sampled during a run (empty cells skipped)."""
+    out: dict[str, dict[str, float]] = {}
+    for name in ADMISSION_GAUGES:
+        values = [float(r[name]) for r in rows if r.get(name) not in (None, "")]
+        if values:
+            out[name] = {
+                "mean": round(sum(values) / len(values), 4),
+                "max": round(max(values), 4),
+            }
+    return out
+
+
+def merge_section(text: str, section: str) -> str:
+    """`text` with the bench.real section replaced (or added before `## Notes`, else at the
+    end), everything else unchanged."""
+    block = f"{SECTION_BEGIN}\n{section.strip()}\n{SECTION_END}"
+    if SECTION_BEGIN in text and SECTION_END in text:
+        head, _, rest = text.partition(SECTION_BEGIN)
+        _, _, tail = rest.partition(SECTION_END)
+        return head + block + tail
+    marker = "\n## Notes"
+    if marker in text:
+        head, _, tail = text.partition(marker)
+        return f"{head.rstrip()}\n\n{block}\n{marker}{tail}"
+    return f"{text.rstrip()}\n\n{block}\n"
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+@dataclass
+class LostResult:
+    target: str  # simulator | real Director
+    n: int
+    connected: int
+    seconds: float | None
+    answers_lost: int
+    registrations: int
+    duplicates: int
+    director_calls: dict[str, int]
+    calls_per_runtime: float | None
+    attempts: dict[str, int]
+    waited_after_seconds: float
+
+    @property
+    def met(self) -> bool:
+        return (
+            self.connected == self.n
+            and self.duplicates == 0
+            and self.calls_per_runtime is not None
+            and self.calls_per_runtime <= CALLS_TARGET
+        )
+
+
+@dataclass
+class CapacityResult:
+    concurrency: int
+    pairs: int
+    seconds: float
+    errors: int
+
+    @property
+    def pairs_per_second(self) -> float:
+        return self.pairs / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class RealColdResult:
+    n: int
+    broker_concurrency: int
+    connected: int
+    seconds: float | None
+    pairs_per_second: float
+    bound: float
+    attempts: dict[str, int]
+    agent_timeouts: int
+    tokens_issued: int
+    registrations: int
+    duplicates: int
+    director_calls: dict[str, int]
+    calls_per_runtime: float | None
+    cpu_seconds_by_process: dict[str, float]
+    wall_seconds: float
+    admission: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.seconds is None else self.seconds / self.bound
+
+
+@dataclass
+class RealReport:
+    command: str
+    commit: str
+    started: str
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    lost: list[LostResult] = field(default_factory=list)
+    capacity: list[CapacityResult] = field(default_factory=list)
+    cold: RealColdResult | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def to_json(report: RealReport) -> dict[str, Any]:
+    cold = report.cold
+    return {
+        "commit": report.commit,
+        "command": report.command,
+        "started": report.started,
+        "load_before": [round(x, 2) for x in report.load_before],
+        "load_after": [round(x, 2) for x in report.load_after],
+        "lost": [
+            {
+                **asdict(r),
+                "calls_per_runtime": None
+                if r.calls_per_runtime is None
+                else round(r.calls_per_runtime, 3),
+                "seconds": None if r.seconds is None else round(r.seconds, 2),
+                "calls_per_runtime_target": CALLS_TARGET,
+                "met": r.met,
+            }
+            for r in report.lost
+        ],
+        "capacity": [
+            {**asdict(c), "pairs_per_second": round(c.pairs_per_second, 2)} for c in report.capacity
+        ],
+        "cold": None
+        if cold is None
+        else {
+            **asdict(cold),
+            "ratio": None if cold.ratio is None else round(cold.ratio, 3),
+            "ratio_target": RATIO_TARGET,
+            "ratio_met": cold.ratio is not None and cold.ratio <= RATIO_TARGET,
+        },
+        "notes": report.notes,
+    }
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _calls(calls: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(calls.items())) or "none"
+
+
+def render(report: RealReport) -> str:
+    lines = [
+        "## 11. Against the real Compass Director (issue 26)",
+        "",
+        f"Measured at commit `{report.commit}`, {report.started}, with `{report.command}`. "
+        f"Load average before {report.load_before[0]:.2f}, after {report.load_after[0]:.2f} "
+        "(1 min; the 2 cores were shared with other engineers' test runs).",
+        "",
+    ]
+    if report.lost:
+        lines += [
+            f"### Lost answers: {int(LOST_RATIO * 100)} % of `registerRuntime` answers lost "
+            "after Director acted",
+            "",
+            f"Targets: 0 duplicates, ≤ {CALLS_TARGET:g} Director calls per runtime (every "
+            "operation, counted after the reconciler's sweeps).",
+            "",
+            "| Director | N | connected | time to all | answers lost | registrations "
+            "| duplicates | Director calls | calls / runtime | met |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in report.lost:
+            lines.append(
+                f"| {r.target} | {r.n} | {r.connected} | {_f(r.seconds, 1)} s | "
+                f"{r.answers_lost} | {r.registrations} | {r.duplicates} | "
+                f"{_calls(r.director_calls)} | {_f(r.calls_per_runtime)} | "
+                f"{'yes' if r.met else 'NO'} |"
+            )
+        lines += [""]
+    if report.capacity:
+        lines += [
+            "### Director's own capacity here",
+            "",
+            "`registerRuntime` then `requestOneTimeTokenForRuntime` per runtime, sent straight "
+            "to the gateway (no broker) by that many concurrent callers, the labels and tenants "
+            "the broker sends.",
+            "",
+            "| concurrent callers | pairs | seconds | pairs / s | calls / s | errors |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in report.capacity:
+            lines.append(
+                f"| {c.concurrency} | {c.pairs} | {c.seconds:.1f} | {c.pairs_per_second:.1f} | "
+                f"{2 * c.pairs_per_second:.1f} | {c.errors} |"
+            )
+        lines += [""]
+    cold = report.cold
+    if cold is not None:
+        ratio = cold.ratio
+        lines += [
+            f"### Cold start of N = {cold.n:,} through the broker",
+            "",
+            f"One broker, `BROKER_DIRECTOR_MAX_CONCURRENCY={cold.broker_concurrency}`; the "
+            f"bound is N / {cold.pairs_per_second:.1f} pairs per second (Director's capacity "
+            "above at the broker's concurrency).",
+            "",
+            "| figure | value | target | met |",
+            "|---|---|---|---|",
+            f"| connected | {cold.connected} of {cold.n} | all | "
+            f"{'yes' if cold.connected == cold.n else 'NO'} |",
+            f"| time to all connected | {_f(cold.seconds, 1)} s (bound {cold.bound:.1f} s, "
+            f"{_f(ratio)}x) | ≤ {RATIO_TARGET}x | "
+            f"{'yes' if ratio is not None and ratio <= RATIO_TARGET else 'NO'} |",
+            f"| agent timeouts | {cold.agent_timeouts} | 0 | "
+            f"{'yes' if cold.agent_timeouts == 0 else 'NO'} |",
+            f"| one-time tokens issued | {cold.tokens_issued} | {cold.n} | "
+            f"{'yes' if cold.tokens_issued == cold.n else 'NO'} |",
+            f"| duplicates in Director's database | {cold.duplicates} "
+            f"({cold.registrations} registrations) | 0 | "
+            f"{'yes' if cold.duplicates == 0 else 'NO'} |",
+            f"| Director calls | {_calls(cold.director_calls)} "
+            f"({_f(cold.calls_per_runtime)} per runtime) | | |",
+            "",
+            "Agent attempts: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(cold.attempts.items()))
+            + ".",
+            "",
+            "CPU seconds by process over the run's "
+            f"{cold.wall_seconds:.0f} s: "
+            + ", ".join(
+                f"{k} {v:.0f}"
+                for k, v in sorted(cold.cpu_seconds_by_process.items(), key=lambda kv: -kv[1])
+                if v >= 0.5
+            )
+            + ".",
+            "",
+        ]
+        if cold.admission:
+            lines += [
+                "Broker admission gauges sampled once a second (mean / max): "
+                + "; ".join(
+                    f"`{k}` {v['mean']:g} / {v['max']:g}" for k, v in cold.admission.items()
+                )
+                + ".",
+                "",
+            ]
+    if report.notes:
+        lines += [*(f"- {n}" for n in report.notes), ""]
+    lines += [
+        "Reproduce: `python -m bench.real --docs` (both scenarios; `--scenarios lost` or "
+        "`--scenarios real` for one; needs the real Director's source, docs/real-compass.md).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- the real Director -----------------------------------------------------------------------
+
+
+class RealTarget(Simulator):
+    """The real Director seen through the bench's Simulator interface: what the brokers'
+    credentials need; its calls are read from the gateway's counters, not a request log."""
+
+    @classmethod
+    def of(cls, compass: Any) -> RealTarget:
+        return cls(
+            child=cast(Child, None),  # the stack is stopped by whoever started it
+            urls={"director_url": compass.director_url, "token_url": compass.token_url},
+            secret=compass.client_secret,
+            client_id=compass.client_id,
+        )
+
+    async def poll_calls(self, http: httpx.AsyncClient) -> int:
+        return 0
+
+
+def seed_tenants(compass: Any, n: int) -> None:
+    """The global accounts and subaccounts of the bench's first n Kyma CRs, as the tenant
+    fetcher would have synced them, in one psql run."""
+    accounts = sorted({global_account(i) for i in range(n)})
+    subaccounts = [f"sa-bench-{i:05d}" for i in range(n)]
+    parents = [global_account(i) for i in range(n)]
+    compass.database.psql(
+        "INSERT INTO business_tenant_mappings "
+        "(id, external_name, external_tenant, provider_name, type, status) "
+        "SELECT gen_random_uuid(), t, t, :'provider', 'account', 'Active' "
+        "FROM unnest(string_to_array(:'accounts', ',')) AS t;"
+        "INSERT INTO business_tenant_mappings "
+        "(id, external_name, external_tenant, provider_name, type, status) "
+        "SELECT gen_random_uuid(), t, t, :'provider', 'subaccount', 'Active' "
+        "FROM unnest(string_to_array(:'subaccounts', ',')) AS t;"
+        "INSERT INTO tenant_parents (tenant_id, parent_id) SELECT c.id, p.id FROM "
+        "unnest(string_to_array(:'subaccounts', ','), string_to_array(:'parents', ',')) "
+        "AS x(s, g) JOIN business_tenant_mappings c ON c.external_tenant = x.s "
+        "JOIN business_tenant_mappings p ON p.external_tenant = x.g;",
+        {
+            "provider": PROVIDER,
+            "accounts": ",".join(accounts),
+            "subaccounts": ",".join(subaccounts),
+            "parents": ",".join(parents),
+        },
+        timeout=120.0,
+    )
+
+
+async def measure_capacity(
+    compass: Any, *, pairs: int, concurrency: int, n_tenants: int, prefix: str
+) -> CapacityResult:
+    """`pairs` register + token pairs straight to the gateway, `concurrency` at a time."""
+    bearer = await asyncio.to_thread(compass.access_token)
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(pairs):
+        queue.put_nowait(i)
+    errors = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async def gql(http: httpx.AsyncClient, tenant: str, query: str, variables: Any) -> Any:
+        response = await http.post(
+            "",
+            json={"query": query, "variables": variables},
+            headers={"Authorization": f"Bearer {bearer}", "Tenant": tenant},
+        )
+        body = response.json() if response.status_code == 200 else {}
+        if response.status_code != 200 or body.get("errors"):
+            raise RuntimeError(f"{response.status_code} {str(body)[:200]}")
+        return body["data"]
+
+    async def worker(http: httpx.AsyncClient) -> None:
+        nonlocal errors
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            index = i % n_tenants
+            tenant = global_account(index)
+            rid = f"{prefix}-{i:05d}"
+            labels = {
+                "director_connection_managed_by": "compass-broker",
+                RUNTIME_ID_LABEL: rid,
+                "broker_instance_id": f"inst-{rid}",
+                "gardenerClusterName": f"c-{i:06d}",
+                "global_subaccount_id": f"sa-bench-{index:05d}",
+                "global_account_id": tenant,
+                "broker_plan_id": "4deee563-e5ec-4731-b9b1-53b42d855f0c",
+                "broker_plan_name": "azure",
+            }
+            spec = {"name": f"{prefix}-{i:05d}", "description": rid, "labels": labels}
+            try:
+                data = await gql(http, tenant, REGISTER, {"in": spec})
+                await gql(http, tenant, TOKEN, {"id": data["registerRuntime"]["id"]})
+            except (httpx.HTTPError, RuntimeError, ValueError, KeyError):
+                errors += 1
+
+    async with httpx.AsyncClient(base_url=compass.director_url, timeout=60, limits=limits) as h:
+        started = time.monotonic()
+        await asyncio.gather(*(worker(h) for _ in range(concurrency)))
+        seconds = time.monotonic() - started
+    return CapacityResult(concurrency=concurrency, pairs=pairs, seconds=seconds, errors=errors)
+
+
+def _admission_rows(workdir: Path) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    for path in sorted(workdir.glob("admission-*.csv")):
+        with path.open() as f:
+            rows += list(csv.DictReader(f))
+    return rows
+
+
+class RealBench:
+    def __init__(self, bench: Bench, kcp_cluster: Any, progress: Progress) -> None:
+        self.bench = bench
+        self.kcp_cluster = kcp_cluster
+        self.progress = progress
+        self.director_folder: Path | None = None
+
+    def start_compass(self, name: str, n: int) -> Any:
+        from devenv.real_director import stack as real  # noqa: PLC0415
+
+        if self.director_folder is None:
+            self.director_folder = real.build_director()
+        workdir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.bench.config.workdir))
+        compass = real.start_real_compass(
+            workdir, cluster=self.kcp_cluster, director_folder=self.director_folder
+        )
+        try:
+            seed_tenants(compass, n)
+        except BaseException:
+            compass.stop()
+            raise
+        self.progress.say(f"{name}: real Director up ({compass.timings.get('total', 0):.1f} s)")
+        return compass
+
+    async def _settle(self) -> float:
+        waited = SWEEPS_WAITED * SWEEP_SECONDS + 2.0
+        self.progress.say(f"waiting {waited:.0f} s for {SWEEPS_WAITED} reconciler sweeps")
+        await asyncio.sleep(waited)
+        return waited
+
+    async def lost_simulator(self, n: int) -> LostResult:
+        bench = self.bench
+        spec = RunSpec("lost", n, bench.plan.latency)
+        tokens = await bench.tokens_for(spec, bench.keys[:n])
+        lose = round(n * LOST_RATIO)
+        env = {"BROKER_SWEEP_INTERVAL_SECONDS": str(SWEEP_SECONDS)}
+        async with bench.stack(spec, capacity=bench.plan.capacity, broker_env=env) as run:
+            async with httpx.AsyncClient(timeout=30) as http:
+                await run.sim.patch_faults(http, lost_responses={"registerRuntime": lose})
+                m = await bench._fleet(
+                    run, bench.agents(run, tokens), deadline=planning.deadline(bench.plan, spec)
+                )
+                waited = await self._settle()
+                await run.sim.poll_calls(http)
+                runtimes: list[dict[str, Any]] = await run.sim.get(http, "runtimes")
+                faults = await run.sim.get(http, "faults")
+            left = int((faults.get("lost_responses") or {}).get("registerRuntime", 0))
+        calls = dict(Counter(c.operation for c in run.sim.director_calls))
+        ours = registrations_of(runtimes, run.runtime_ids)
+        return self._lost_result("simulator", n, m.fleet, calls, ours, lose - left, waited)
+
+    async def lost_real(self, n: int) -> LostResult:
+        bench = self.bench
+        spec = RunSpec("lost", n, 0.0)
+        tokens = await bench.tokens_for(spec, bench.keys[:n])
+        compass = await asyncio.to_thread(self.start_compass, "lost-real", n)
+        try:
+            env = {"BROKER_SWEEP_INTERVAL_SECONDS": str(SWEEP_SECONDS)}
+            target = RealTarget.of(compass)
+            before = compass.calls()
+            async with bench.stack(
+                spec, capacity=bench.plan.capacity, target=target, broker_env=env
+            ) as run:
+                compass.lose_answers("registerRuntime", ratio=LOST_RATIO)
+                m = await bench._fleet(
+                    run, bench.agents(run, tokens), deadline=planning.deadline(bench.plan, spec)
+                )
+                waited = await self._settle()
+                calls = call_delta(before, compass.calls())
+                lost = compass.lost().get("registerRuntime", 0)
+                runtimes = await asyncio.to_thread(compass.runtimes, label_key=RUNTIME_ID_LABEL)
+            ours = registrations_of(runtimes, run.runtime_ids)
+            return self._lost_result("real Director", n, m.fleet, calls, ours, lost, waited)
+        finally:
+            compass.stop()
+
+    @staticmethod
+    def _lost_result(
+        target: str,
+        n: int,
+        fleet: Any,
+        calls: dict[str, int],
+        ours: Sequence[Mapping[str, Any]],
+        lost: int,
+        waited: float,
+    ) -> LostResult:
+        return LostResult(
+            target=target,
+            n=n,
+            connected=fleet.connected,
+            seconds=stats.completion_time(
+                list(fleet.connected_at.values()), since=fleet.started_at, expected=n
+            ),
+            answers_lost=lost,
+            registrations=len(ours),
+            duplicates=duplicates_by_label(ours),
+            director_calls=dict(sorted(calls.items())),
+            calls_per_runtime=calls_per_runtime(calls, n),
+            attempts=dict(sorted(fleet.attempts.items())),
+            waited_after_seconds=waited,
+        )
+
+    async def real_cold(self, n: int, *, pairs: int, report: RealReport) -> RealColdResult:
+        bench = self.bench
+        plan = bench.plan
+        spec = RunSpec("cold-real", n, 0.0)
+        tokens = await bench.tokens_for(spec, bench.keys[:n])
+        compass = await asyncio.to_thread(self.start_compass, "cold-real", n)
+        try:
+            for concurrency in (plan.broker_concurrency, plan.capacity):
+                result = await measure_capacity(
+                    compass,
+                    pairs=pairs,
+                    concurrency=concurrency,
+                    n_tenants=n,
+                    prefix=f"capacity{concurrency}",
+                )
+                self.progress.say(
+                    f"Director capacity at {concurrency} callers: "
+                    f"{result.pairs_per_second:.1f} pairs/s ({result.errors} errors)"
+                )
+                report.capacity.append(result)
+            rate = report.capacity[0].pairs_per_second
+            deadline = max(300.0, 10 * capacity_bound(n, rate))
+            before = compass.calls()
+            async with bench.stack(
+                spec, capacity=plan.capacity, target=RealTarget.of(compass)
+            ) as run:
+                m = await bench._fleet(run, bench.agents(run, tokens), deadline=deadline)
+                calls = call_delta(before, compass.calls())
+                runtimes = await asyncio.to_thread(compass.runtimes, label_key=RUNTIME_ID_LABEL)
+                admission = admission_summary(_admission_rows(run.workdir))
+            ours = registrations_of(runtimes, run.runtime_ids)
+            fleet = m.fleet
+            return RealColdResult(
+                n=n,
+                broker_concurrency=plan.broker_concurrency,
+                connected=fleet.connected,
+                seconds=stats.completion_time(
+                    list(fleet.connected_at.values()), since=fleet.started_at, expected=n
+                ),
+                pairs_per_second=rate,
+                bound=capacity_bound(n, rate),
+                attempts=dict(sorted(fleet.attempts.items())),
+                agent_timeouts=agent_timeouts(fleet.attempts),
+                tokens_issued=calls.get("requestOneTimeTokenForRuntime", 0),
+                registrations=len(ours),
+                duplicates=duplicates_by_label(ours),
+                director_calls=calls,
+                calls_per_runtime=calls_per_runtime(calls, n),
+                cpu_seconds_by_process={k: round(v, 1) for k, v in sorted(m.cpu.by_role.items())},
+                wall_seconds=m.cpu.wall_seconds,
+                admission=admission,
+            )
+        finally:
+            compass.stop()
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.real",
+        description=__doc__.split("\n\n", 1)[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--scenarios", default="lost,real", help="lost, real or both (default lost,real)")
+    add("--lost-n", type=int, default=LOST_N, help=f"runtimes of `lost` (default {LOST_N})")
+    add("--n", type=int, default=REAL_N, help=f"runtimes of the real cold start ({REAL_N})")
+    add("--pairs", type=int, default=CAPACITY_PAIRS, help="pairs of the capacity measurement")
+    add("--capacity", type=int, default=8, help="Director capacity C of the bench (default 8)")
+    add("--broker-concurrency", type=int, default=None, help="default C + C/4")
+    add("--out-dir", type=Path, default=None, help="where the json and md go (default: temp)")
+    add("--docs", action="store_true", help="also merge into docs/benchmarks.md and .json")
+    return parser
+
+
+def merge_into_docs(report: RealReport, docs: Path) -> None:
+    md = docs / "benchmarks.md"
+    md.write_text(merge_section(md.read_text(), render(report)))
+    path = docs / "benchmarks.json"
+    data = json.loads(path.read_text())
+    data[JSON_KEY] = to_json(report)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> RealReport:
+    from bench.__main__ import broker_concurrency_for, raise_open_files_limit, revision, start_jwks  # noqa: PLC0415
+    from devenv.clusters import find_binaries, kyma_crds, start_cluster  # noqa: PLC0415
+
+    progress = Progress()
+    chosen = {s.strip() for s in args.scenarios.split(",") if s.strip()}
+    commit, uncommitted = revision()
+    report = RealReport(
+        command=" ".join(["python -m bench.real", *map(shlex.quote, sys.argv[1:])]),
+        commit=commit + (f" (uncommitted: {', '.join(uncommitted)})" if uncommitted else ""),
+        started=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        load_before=os.getloadavg(),
+    )
+    concurrency = args.broker_concurrency or broker_concurrency_for(args.capacity)
+    plan = Plan(
+        capacity=args.capacity,
+        broker_concurrency=concurrency,
+        latency=0.1,
+        outage_seconds=60.0,
+        sizes=(),
+        legacy_latency=0.05,
+        legacy_sizes=(),
+        identity_sizes=(),
+        tokenreview_clusters=1,
+        replica_sizes=(),
+        replicas=1,
+        steady_runtimes=0,
+        steady_callers=1,
+        report_runtimes=0,
+        report_heartbeat=300.0,
+        report_window=60.0,
+        fleet_processes=1,
+        max_run_seconds=1800.0,
+        scenarios=(),
+    )
+    n_max = max(args.lost_n if "lost" in chosen else 0, args.n if "real" in chosen else 0, 1)
+    raise_open_files_limit(n_max + 1024)
+
+    def save() -> None:
+        report.load_after = os.getloadavg()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "benchmarks-real.json").write_text(json.dumps(to_json(report), indent=1) + "\n")
+        (out_dir / "benchmarks-real.md").write_text(render(report))
+        if args.docs:
+            merge_into_docs(report, REPO_ROOT / "docs")
+        progress.say(f"wrote {out_dir / 'benchmarks-real.md'}")
+
+    binaries = await asyncio.to_thread(find_binaries)
+    kcp_cluster = await asyncio.to_thread(
+        start_cluster, "bench-kcp", binaries, workdir=workdir / "kcp"
+    )
+    jwks: Child | None = None
+    try:
+        crds = [*kyma_crds(), *sorted((REPO_ROOT / "charts/compass-broker/crds").glob("*.yaml"))]
+        await asyncio.to_thread(kcp_cluster.apply_crds, crds)
+        keys = new_runtime_keys(n_max)
+        jwks, template = start_jwks(keys, workdir)
+        bench = Bench(
+            BenchConfig(plan=plan, down_mode="503", idle_seconds=0.0, workdir=workdir),
+            kcp=ApiServer(kcp_cluster.kubeconfig_path, workdir / "kcp-client"),
+            keys=keys,
+            jwks_template=template,
+            progress=progress,
+        )
+        real = RealBench(bench, kcp_cluster, progress)
+        if "lost" in chosen:
+            report.lost.append(await real.lost_simulator(args.lost_n))
+            save()
+            report.lost.append(await real.lost_real(args.lost_n))
+            save()
+        if "real" in chosen:
+            report.cold = await real.real_cold(args.n, pairs=args.pairs, report=report)
+            save()
+    finally:
+        if jwks is not None:
+            jwks.stop()
+        kcp_cluster.stop()
+    report.notes.append(
+        f"`lost`: the simulator loses the answers of the first {int(LOST_RATIO * 100)} % of N "
+        "registrations (its faults are counted); the real Director's gateway loses each "
+        f"answer with probability {LOST_RATIO}. Reconciler sweeps every {SWEEP_SECONDS:g} s "
+        f"(BROKER_SWEEP_INTERVAL_SECONDS), calls counted {SWEEPS_WAITED} sweeps after the last "
+        "runtime connected."
+    )
+    save()
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="bench-real-out-"))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-real-"))
+    try:
+        asyncio.run(run_all(args, out_dir, workdir))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"report: {out_dir / 'benchmarks-real.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
