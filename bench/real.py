@@ -3,10 +3,10 @@
 Two scenarios, chosen with `--scenarios` (default both):
 
 - `lost`: N runtimes (default 200) start cold while 30 % of `registerRuntime` answers are
-  lost after Director acted, once against the Compass simulator (its counted lost responses:
-  the first 30 % of N registrations) and once against the real Director (the gateway loses
-  each answer with probability 0.3). After everyone connected the bench waits a few
-  reconciler sweeps (their period shortened to `--sweep-seconds`) so label write-backs are
+  lost after Director acted, once against the Compass simulator (its counted lost responses,
+  one in every 1/0.3 registrations, armed one at a time) and once against the real Director
+  (the gateway loses each answer with probability 0.3). After everyone connected the bench
+  waits a few reconciler sweeps (their period shortened to 5 s) so label write-backs are
   counted, then counts every Director call (all operations) per runtime and the duplicates in
   Director's own store: the simulator's, or Director's PostgreSQL grouped by
   `kyma_runtime_id`.
@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import json
 import os
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -466,6 +468,32 @@ async def measure_capacity(
     return CapacityResult(concurrency=concurrency, pairs=pairs, seconds=seconds, errors=errors)
 
 
+def losses_due(registrations_seen: int, ratio: float, total: int) -> int:
+    """How many lost answers should have been armed once `registrations_seen` registerRuntime
+    calls reached the simulator: one in every 1/ratio, at most `total`."""
+    return min(total, int(registrations_seen * ratio) + 1)
+
+
+async def interleave_losses(
+    sim: Simulator, http: httpx.AsyncClient, total: int, stop: asyncio.Event
+) -> int:
+    """Spreads the simulator's counted lost responses over the run: one armed at a time, the
+    next once it fired and the registrations seen call for it (the simulator has no ratio;
+    arming all at once would lose the first 30 % in a row, which to any broker looks like
+    Compass being down). Reads the calls the run's monitor polls. Returns how many it armed."""
+    armed = 0
+    while not stop.is_set() and armed < total:
+        seen = sum(1 for c in sim.director_calls if c.operation == "registerRuntime")
+        if armed < losses_due(seen, LOST_RATIO, total):
+            faults = await sim.get(http, "faults")
+            if not (faults.get("lost_responses") or {}).get("registerRuntime"):
+                await sim.patch_faults(http, lost_responses={"registerRuntime": 1})
+                armed += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.05)
+    return armed
+
+
 def _admission_rows(workdir: Path) -> list[dict[str, str]]:
     rows: list[dict[str, str]] = []
     for path in sorted(workdir.glob("admission-*.csv")):
@@ -512,10 +540,17 @@ class RealBench:
         env = {"BROKER_SWEEP_INTERVAL_SECONDS": str(SWEEP_SECONDS)}
         async with bench.stack(spec, capacity=bench.plan.capacity, broker_env=env) as run:
             async with httpx.AsyncClient(timeout=30) as http:
-                await run.sim.patch_faults(http, lost_responses={"registerRuntime": lose})
-                m = await bench._fleet(
-                    run, bench.agents(run, tokens), deadline=planning.deadline(bench.plan, spec)
-                )
+                stop = asyncio.Event()
+                losing = asyncio.create_task(interleave_losses(run.sim, http, lose, stop))
+                try:
+                    m = await bench._fleet(
+                        run,
+                        bench.agents(run, tokens),
+                        deadline=planning.deadline(bench.plan, spec),
+                    )
+                finally:
+                    stop.set()
+                    armed = await losing
                 waited = await self._settle()
                 await run.sim.poll_calls(http)
                 runtimes: list[dict[str, Any]] = await run.sim.get(http, "runtimes")
@@ -523,7 +558,7 @@ class RealBench:
             left = int((faults.get("lost_responses") or {}).get("registerRuntime", 0))
         calls = dict(Counter(c.operation for c in run.sim.director_calls))
         ours = registrations_of(runtimes, run.runtime_ids)
-        return self._lost_result("simulator", n, m.fleet, calls, ours, lose - left, waited)
+        return self._lost_result("simulator", n, m.fleet, calls, ours, armed - left, waited)
 
     async def lost_real(self, n: int) -> LostResult:
         bench = self.bench
@@ -740,8 +775,9 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
             jwks.stop()
         kcp_cluster.stop()
     report.notes.append(
-        f"`lost`: the simulator loses the answers of the first {int(LOST_RATIO * 100)} % of N "
-        "registrations (its faults are counted); the real Director's gateway loses each "
+        f"`lost`: the simulator loses one registerRuntime answer in every "
+        f"{1 / LOST_RATIO:.1f} (its lost responses are counted: the bench arms one at a time as "
+        "registrations arrive); the real Director's gateway loses each "
         f"answer with probability {LOST_RATIO}. Reconciler sweeps every {SWEEP_SECONDS:g} s "
         f"(BROKER_SWEEP_INTERVAL_SECONDS), calls counted {SWEEPS_WAITED} sweeps after the last "
         "runtime connected."
@@ -754,6 +790,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="bench-real-out-"))
     workdir = Path(tempfile.mkdtemp(prefix="bench-real-"))
+
+    def interrupted(_signo: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # the same tidy stop as Ctrl-C: everything started is stopped
+
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         asyncio.run(run_all(args, out_dir, workdir))
     except KeyboardInterrupt:

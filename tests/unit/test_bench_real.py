@@ -1,0 +1,156 @@
+"""The pure pieces of `python -m bench.real` (issue 26): duplicates in Director's store, calls
+per runtime, agent timeouts, the capacity bound, and how the figures reach docs/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import real
+from bench.real import (
+    CapacityResult,
+    LostResult,
+    RealColdResult,
+    RealReport,
+    admission_summary,
+    agent_timeouts,
+    call_delta,
+    calls_per_runtime,
+    capacity_bound,
+    duplicates_by_label,
+    merge_section,
+    registrations_of,
+)
+
+
+def runtime(rid: str | None, *, as_list: bool = False) -> dict[str, object]:
+    labels: dict[str, object] = {"runtimeType": "kyma"}
+    if rid is not None:
+        labels["kyma_runtime_id"] = [rid] if as_list else rid
+    return {"id": f"id-{rid}", "labels": labels}
+
+
+def test_duplicates_are_registrations_beyond_the_first_per_runtime_id() -> None:
+    rows = [runtime("a"), runtime("a", as_list=True), runtime("a"), runtime("b"), runtime(None)]
+    assert duplicates_by_label(rows) == 2
+    assert duplicates_by_label([runtime("a"), runtime("b")]) == 0
+    assert duplicates_by_label([]) == 0
+
+
+def test_only_the_runs_own_runtimes_are_counted() -> None:
+    rows = [runtime("a"), runtime("capacity-1"), runtime(None), runtime("b", as_list=True)]
+    assert [r["id"] for r in registrations_of(rows, ["a", "b"])] == ["id-a", "id-b"]
+
+
+def test_calls_are_the_difference_of_two_readings_of_every_operation() -> None:
+    before = {"registerRuntime": 400, "requestOneTimeTokenForRuntime": 400}
+    after = {
+        "registerRuntime": 600,
+        "requestOneTimeTokenForRuntime": 600,
+        "runtimes": 61,
+        "setRuntimeLabel": 0,
+    }
+    calls = call_delta(before, after)
+    assert calls == {"registerRuntime": 200, "requestOneTimeTokenForRuntime": 200, "runtimes": 61}
+    assert calls_per_runtime(calls, 200) == 2.305
+    assert calls_per_runtime(calls, 0) is None
+
+
+def test_agent_timeouts_are_the_attempts_that_ran_out_of_time() -> None:
+    attempts = {"201": 1000, "transport error ReadTimeout": 4, "transport error ConnectTimeout": 1}
+    assert agent_timeouts({**attempts, "503 compass-unavailable": 7}) == 5
+    assert agent_timeouts({"201": 3}) == 0
+
+
+def test_the_bound_is_n_over_the_pairs_director_sustains() -> None:
+    assert capacity_bound(1000, 50.0) == 20.0
+    assert CapacityResult(concurrency=10, pairs=400, seconds=8.0, errors=0).pairs_per_second == 50
+
+
+def test_admission_gauges_are_summarised_skipping_empty_cells() -> None:
+    rows = [
+        {"broker_director_calls_in_flight": "10", "broker_director_calls_waiting": ""},
+        {"broker_director_calls_in_flight": "6", "broker_director_calls_waiting": "3"},
+    ]
+    summary = admission_summary(rows)
+    assert summary["broker_director_calls_in_flight"] == {"mean": 8.0, "max": 10.0}
+    assert summary["broker_director_calls_waiting"] == {"mean": 3.0, "max": 3.0}
+    assert "broker_event_loop_lag_seconds" not in summary
+
+
+def test_the_section_goes_before_the_notes_and_is_replaced_in_place() -> None:
+    text = "# Bench\n\n## 1. Cold\n\nrows\n\n## Notes\n\n- a note\n"
+    once = merge_section(text, "## 11. Real\n\nfirst")
+    assert once.index("## 11. Real") < once.index("## Notes")
+    assert once.startswith("# Bench\n\n## 1. Cold\n\nrows\n")
+    assert once.endswith("## Notes\n\n- a note\n")
+    twice = merge_section(once, "## 11. Real\n\nsecond")
+    assert "first" not in twice
+    assert twice.count("## 11. Real") == 1
+    assert twice.replace("second", "first") == once
+    assert merge_section("# only\n", "## s").endswith(f"{real.SECTION_END}\n")
+
+
+def a_report() -> RealReport:
+    lost = LostResult(
+        target="real Director",
+        n=200,
+        connected=200,
+        seconds=12.5,
+        answers_lost=61,
+        registrations=200,
+        duplicates=0,
+        director_calls={"registerRuntime": 200, "requestOneTimeTokenForRuntime": 200},
+        calls_per_runtime=2.0,
+        attempts={"201": 200},
+        waited_after_seconds=17.0,
+    )
+    cold = RealColdResult(
+        n=1000,
+        broker_concurrency=10,
+        connected=1000,
+        seconds=25.0,
+        pairs_per_second=50.0,
+        bound=20.0,
+        attempts={"201": 1000},
+        agent_timeouts=0,
+        tokens_issued=1000,
+        registrations=1000,
+        duplicates=0,
+        director_calls={"registerRuntime": 1000, "requestOneTimeTokenForRuntime": 1000},
+        calls_per_runtime=2.0,
+        cpu_seconds_by_process={"director": 30.0},
+        wall_seconds=26.0,
+    )
+    return RealReport(
+        command="python -m bench.real",
+        commit="abc1234",
+        started="2026-12-06 05:00 UTC",
+        load_before=(1.0, 1.0, 1.0),
+        lost=[lost],
+        capacity=[CapacityResult(concurrency=10, pairs=400, seconds=8.0, errors=0)],
+        cold=cold,
+    )
+
+
+def test_the_figures_reach_the_docs_without_touching_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "benchmarks.md").write_text("# Bench\n\n## Notes\n\n- n\n")
+    (tmp_path / "benchmarks.json").write_text(json.dumps({"schema": 1, "runs": []}))
+    real.merge_into_docs(a_report(), tmp_path)
+    data = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert data["schema"] == 1
+    assert data["runs"] == []
+    figures = data[real.JSON_KEY]
+    assert figures["commit"] == "abc1234"
+    assert figures["cold"]["ratio"] == 1.25
+    assert figures["cold"]["ratio_met"] is True
+    assert figures["lost"][0]["met"] is True
+    assert figures["capacity"][0]["pairs_per_second"] == 50.0
+    md = (tmp_path / "benchmarks.md").read_text()
+    assert "| time to all connected | 25.0 s (bound 20.0 s, 1.25x) | ≤ 1.25x | yes |" in md
+    assert md.endswith("## Notes\n\n- n\n")
+
+
+def test_losses_are_spread_one_in_every_three_and_a_third_registrations() -> None:
+    due = [real.losses_due(seen, 0.3, 60) for seen in (0, 3, 4, 10, 199, 1000)]
+    assert due == [1, 1, 2, 4, 60, 60]
