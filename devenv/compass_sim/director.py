@@ -90,6 +90,7 @@ _APPLICATION_NAMESPACE_LIMIT = 256
 _GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
 # The prefix Director's offset cursors carry inside their base64.
 _CURSOR_PREFIX = "DpKtJ4j9jDq"
+_VARIABLE_ERROR = re.compile(r"Variable '\$(\w+)'")
 _SCENARIOS_SET = f"label with key {SCENARIOS_LABEL} cannot be set explicitly"
 
 
@@ -292,7 +293,12 @@ class Director:
             return _presented(parsed.rejection, parsed)
         context = DirectorContext(tenant=tenant or None, scopes=token.scopes, call=call)
         response = self.endpoint.execute(parsed, context)
-        return _presented(response, parsed) if response.status == 422 else response
+        if response.status == 422:
+            return _presented(response, parsed)
+        # Director's presenter builds each entry anew from message, path and extensions.
+        for entry in response.body.get("errors", []):
+            entry.pop("locations", None)
+        return response
 
     # -- resolver plumbing ----------------------------------------------------------
 
@@ -330,7 +336,10 @@ class Director:
             if not context.tenant:
                 raise DirectorError(ErrorCode.TENANT_REQUIRED)
             context.call.enter(operation, str(info.path.key))
-            result = resolver(context.tenant, **arguments)
+            try:
+                result = resolver(context.tenant, **arguments)
+            except DirectorError as exc:
+                raise exc.located(str(info.path.key)) from None
             context.call.done(operation)
             return result
 
@@ -571,9 +580,17 @@ def _presented(response: Response, parsed: ParsedRequest) -> Response:
         return response
     entries = []
     for entry in response.body.get("errors", []):
+        text: str = entry["message"]
+        variable = _VARIABLE_ERROR.match(text)
         locations = entry.get("locations") or []
-        where = f"input:{locations[0]['line']}" if locations else "input"
-        error = DirectorError.internal(f"{where}: {entry['message']}")
+        if variable is not None:
+            # gqlparser names a variable by its path, not by a place in the document.
+            reason = f"input: variable.{variable.group(1)} {text}"
+        elif locations:
+            reason = f"input:{locations[0]['line']}: {text}"
+        else:
+            reason = f"input: {text}"
+        error = DirectorError.internal(reason)
         entries.append({"message": str(error), "extensions": error.extensions()})
     return Response(
         422,

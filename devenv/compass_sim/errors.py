@@ -93,6 +93,8 @@ class DirectorError(SimulatorError):
 
     def __init__(self, code: ErrorCode, *, head: str | None = None, **arguments: object) -> None:
         self.code = code
+        # The text of the plain Go error behind a code-10 answer, if there was one.
+        self.reason: str | None = None
         text = head if head is not None else code.default_message
         if arguments:
             text += " [" + "; ".join(f"{k}={arguments[k]}" for k in sorted(arguments)) + "]"
@@ -111,14 +113,24 @@ class DirectorError(SimulatorError):
 
     @classmethod
     def internal(cls, reason: str | None = None) -> DirectorError:
-        """Code 10 as the presenter words it (`reason`: the text of a plain Go error)."""
+        """Code 10 as the presenter words it (`reason`: the text of a plain Go error, which
+        gqlgen prefixes with the field's path: see `located`)."""
         error_id = uuid.uuid4()
         if reason is None:
             return cls(ErrorCode.INTERNAL_ERROR, head=f"Internal Server Error [errorID={error_id}]")
-        return cls(
+        error = cls(
             ErrorCode.INTERNAL_ERROR,
             head=f"Internal Server Error [errorID={error_id}, reason: {reason}]",
         )
+        error.reason = reason
+        return error
+
+    def located(self, path: str) -> DirectorError:
+        """This error as raised by the resolver of the field at `path`: gqlgen wraps a plain
+        error in a GraphQL error first, whose text then reads "input: <path> <text>"."""
+        if self.reason is None:
+            return self
+        return DirectorError.internal(f"input: {path} {self.reason}")
 
     @classmethod
     def not_allowed(cls, reason: str, *, object_type: str | None = None) -> DirectorError:
