@@ -357,6 +357,26 @@ def start_jwks(keys: Sequence[RuntimeKey], workdir: Path) -> tuple[Child, str]:
     return child, f"http://127.0.0.1:{port}/rt/{{runtime_id}}"
 
 
+def keep_real_director(
+    out_dir: Path, text: str, data: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """The report and JSON with the figures `python -m bench.real --docs` left in `out_dir`
+    (its own section and key), which this run does not measure, carried over."""
+    from bench import real  # noqa: PLC0415
+
+    try:
+        old_text = (out_dir / REPORT_NAME).read_text()
+        old_data = json.loads((out_dir / JSON_NAME).read_text())
+    except (OSError, ValueError):
+        return text, data
+    if real.SECTION_BEGIN in old_text and real.SECTION_END in old_text:
+        section = old_text.partition(real.SECTION_BEGIN)[2].partition(real.SECTION_END)[0]
+        text = real.merge_section(text, section)
+    if isinstance(old_data, dict) and real.JSON_KEY in old_data:
+        data = {**data, real.JSON_KEY: old_data[real.JSON_KEY]}
+    return text, data
+
+
 def write_report(report: BenchReport, out_dir: Path, progress: Progress) -> None:
     from bench.plot import plot_connected  # noqa: PLC0415 (matplotlib only when writing)
 
@@ -366,8 +386,10 @@ def write_report(report: BenchReport, out_dir: Path, progress: Progress) -> None
         if runs:
             plot_connected(runs, out_dir / name)
             report.plots[scenario] = name
-    (out_dir / REPORT_NAME).write_text(report_mod.render(report))
-    (out_dir / JSON_NAME).write_text(json.dumps(to_json(report), indent=1) + "\n")
+    text, data = report_mod.render(report), to_json(report)
+    text, data = keep_real_director(out_dir, text, data)
+    (out_dir / REPORT_NAME).write_text(text)
+    (out_dir / JSON_NAME).write_text(json.dumps(data, indent=1) + "\n")
     progress.say(f"wrote {out_dir / REPORT_NAME} and {JSON_NAME}")
 
 

@@ -172,6 +172,7 @@ class CapacityResult:
     pairs: int
     seconds: float
     errors: int
+    first_error: str = ""
 
     @property
     def pairs_per_second(self) -> float:
@@ -421,11 +422,12 @@ async def measure_capacity(
     for i in range(pairs):
         queue.put_nowait(i)
     errors = 0
+    first_error = ""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async def gql(http: httpx.AsyncClient, tenant: str, query: str, variables: Any) -> Any:
         response = await http.post(
-            "",
+            compass.director_url,
             json={"query": query, "variables": variables},
             headers={"Authorization": f"Bearer {bearer}", "Tenant": tenant},
         )
@@ -435,7 +437,7 @@ async def measure_capacity(
         return body["data"]
 
     async def worker(http: httpx.AsyncClient) -> None:
-        nonlocal errors
+        nonlocal errors, first_error
         while True:
             try:
                 i = queue.get_nowait()
@@ -458,14 +460,21 @@ async def measure_capacity(
             try:
                 data = await gql(http, tenant, REGISTER, {"in": spec})
                 await gql(http, tenant, TOKEN, {"id": data["registerRuntime"]["id"]})
-            except (httpx.HTTPError, RuntimeError, ValueError, KeyError):
+            except (httpx.HTTPError, RuntimeError, ValueError, KeyError) as exc:
                 errors += 1
+                first_error = first_error or repr(exc)[:300]
 
-    async with httpx.AsyncClient(base_url=compass.director_url, timeout=60, limits=limits) as h:
+    async with httpx.AsyncClient(timeout=60, limits=limits) as h:
         started = time.monotonic()
         await asyncio.gather(*(worker(h) for _ in range(concurrency)))
         seconds = time.monotonic() - started
-    return CapacityResult(concurrency=concurrency, pairs=pairs, seconds=seconds, errors=errors)
+    return CapacityResult(
+        concurrency=concurrency,
+        pairs=pairs,
+        seconds=seconds,
+        errors=errors,
+        first_error=first_error,
+    )
 
 
 def losses_due(registrations_seen: int, ratio: float, total: int) -> int:
@@ -631,6 +640,8 @@ class RealBench:
                     f"{result.pairs_per_second:.1f} pairs/s ({result.errors} errors)"
                 )
                 report.capacity.append(result)
+                if result.errors:
+                    raise RuntimeError(f"measuring Director's capacity: {result.first_error}")
             rate = report.capacity[0].pairs_per_second
             deadline = max(300.0, 10 * capacity_bound(n, rate))
             before = compass.calls()

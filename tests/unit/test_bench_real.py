@@ -154,3 +154,19 @@ def test_the_figures_reach_the_docs_without_touching_the_rest(tmp_path: Path) ->
 def test_losses_are_spread_one_in_every_three_and_a_third_registrations() -> None:
     due = [real.losses_due(seen, 0.3, 60) for seen in (0, 3, 4, 10, 199, 1000)]
     assert due == [1, 1, 2, 4, 60, 60]
+
+
+def test_a_full_bench_run_keeps_the_real_director_figures(tmp_path: Path) -> None:
+    from bench.__main__ import keep_real_director  # noqa: PLC0415
+
+    (tmp_path / "benchmarks.md").write_text("# Bench\n\n## Notes\n\n- n\n")
+    (tmp_path / "benchmarks.json").write_text(json.dumps({"schema": 1, "runs": []}))
+    real.merge_into_docs(a_report(), tmp_path)
+    text, data = keep_real_director(tmp_path, "# New\n\n## Notes\n\n- m\n", {"schema": 1})
+    assert data[real.JSON_KEY]["commit"] == "abc1234"
+    assert "## 11. Against the real Compass Director" in text
+    assert text.startswith("# New\n")
+    assert text.endswith("## Notes\n\n- m\n")
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert keep_real_director(fresh, "# New\n", {"schema": 1}) == ("# New\n", {"schema": 1})
