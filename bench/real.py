@@ -106,6 +106,16 @@ def agent_timeouts(attempts: Mapping[str, int]) -> int:
     return sum(v for k, v in attempts.items() if "timeout" in k.lower())
 
 
+def quartiles(connect_times: Sequence[float], n: int) -> list[float | None]:
+    """Seconds (from the start) until 25, 50, 75 and 100 % of `n` were connected."""
+    ordered = sorted(connect_times)
+    out: list[float | None] = []
+    for share in (0.25, 0.5, 0.75, 1.0):
+        k = max(1, round(n * share))
+        out.append(round(ordered[k - 1], 2) if len(ordered) >= k else None)
+    return out
+
+
 def capacity_bound(n: int, pairs_per_second: float) -> float:
     """Seconds Director needs for n register + token pairs at the rate it sustains."""
     return n / pairs_per_second
@@ -197,6 +207,9 @@ class RealColdResult:
     cpu_seconds_by_process: dict[str, float]
     wall_seconds: float
     admission: dict[str, dict[str, float]] = field(default_factory=dict)
+    # seconds from "go" until 25, 50, 75 and 100 % of N were connected (None: never)
+    quartiles: list[float | None] = field(default_factory=list)
+    broker_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float | None:
@@ -331,6 +344,15 @@ def render(report: RealReport) -> str:
             f"{'yes' if cold.duplicates == 0 else 'NO'} |",
             f"| Director calls | {_calls(cold.director_calls)} "
             f"({_f(cold.calls_per_runtime)} per runtime) | | |",
+            "",
+            "Connected after (25 / 50 / 75 / 100 % of N): "
+            + " / ".join("—" if q is None else f"{q:.1f} s" for q in cold.quartiles)
+            + (
+                "; broker settings: " + ", ".join(f"`{k}={v}`" for k, v in cold.broker_env.items())
+                if cold.broker_env
+                else ""
+            )
+            + ".",
             "",
             "Agent attempts: "
             + ", ".join(f"{k} {v}" for k, v in sorted(cold.attempts.items()))
@@ -673,6 +695,8 @@ class RealBench:
                 cpu_seconds_by_process={k: round(v, 1) for k, v in sorted(m.cpu.by_role.items())},
                 wall_seconds=m.cpu.wall_seconds,
                 admission=admission,
+                quartiles=quartiles([t - fleet.started_at for t in fleet.connected_at.values()], n),
+                broker_env=dict(bench.config.broker_env),
             )
         finally:
             compass.stop()
@@ -696,6 +720,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--broker-concurrency", type=int, default=None, help="default C + C/4")
     add("--out-dir", type=Path, default=None, help="where the json and md go (default: temp)")
     add("--docs", action="store_true", help="also merge into docs/benchmarks.md and .json")
+    add(
+        "--broker-env",
+        action="append",
+        default=[],
+        metavar="BROKER_X=VALUE",
+        help="extra broker setting (repeatable), shown in the report",
+    )
+    add("--keep-workdir", action="store_true", help="keep logs and admission-*.csv")
     return parser
 
 
@@ -766,7 +798,13 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
         keys = new_runtime_keys(n_max)
         jwks, template = start_jwks(keys, workdir)
         bench = Bench(
-            BenchConfig(plan=plan, down_mode="503", idle_seconds=0.0, workdir=workdir),
+            BenchConfig(
+                plan=plan,
+                down_mode="503",
+                idle_seconds=0.0,
+                workdir=workdir,
+                broker_env=dict(item.split("=", 1) for item in args.broker_env),
+            ),
             kcp=ApiServer(kcp_cluster.kubeconfig_path, workdir / "kcp-client"),
             keys=keys,
             jwks_template=template,
@@ -811,7 +849,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep_workdir:
+            print(f"work folder kept: {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     print(f"report: {out_dir / 'benchmarks-real.md'}", file=sys.stderr)
     return 0
 

@@ -170,3 +170,9 @@ def test_a_full_bench_run_keeps_the_real_director_figures(tmp_path: Path) -> Non
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     assert keep_real_director(fresh, "# New\n", {"schema": 1}) == ("# New\n", {"schema": 1})
+
+
+def test_quartiles_are_the_moments_a_quarter_half_three_quarters_and_all_connected() -> None:
+    times = [float(t) for t in range(1, 9)]
+    assert real.quartiles(times, 8) == [2.0, 4.0, 6.0, 8.0]
+    assert real.quartiles(times[:5], 8) == [2.0, 4.0, None, None]
