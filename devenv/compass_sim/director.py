@@ -62,6 +62,7 @@ from .graphql_http import GraphQLEndpoint, ParsedRequest, Response, load_schema
 from .labels import (
     description_problem,
     is_blank,
+    json_path_values,
     label_key_problem,
     parse_filters,
     runtime_name_problem,
@@ -117,10 +118,20 @@ def new_connector_token() -> str:
     return base64.urlsafe_b64encode(secrets.token_bytes(64)).decode()
 
 
-def _parse_labels(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise TypeError("labels must be a JSON object")
+def _parse_labels(value: Any) -> Any:
+    # gqlgen unmarshals arguments inside the field, so a `Labels` that is no object fails
+    # that field with code 10, not the whole document: `_checked_input` refuses it.
     return value
+
+
+# Go's names for what encoding/json (with UseNumber) makes of a JSON value.
+_GO_TYPES: dict[type, str] = {
+    list: "[]interface {}",
+    str: "string",
+    bool: "bool",
+    int: "json.Number",
+    float: "json.Number",
+}
 
 
 def _set_scalar(
@@ -363,6 +374,13 @@ class Director:
 
     def _checked_input(self, type_name: str, data: dict[str, Any]) -> dict[str, Any]:
         """The input's validation (22), as Director's `@validate` directive runs it."""
+        raw_labels = data.get("labels")
+        if raw_labels is not None and not isinstance(raw_labels, dict):
+            go_type = _GO_TYPES.get(type(raw_labels), type(raw_labels).__name__)
+            raise DirectorError.internal(
+                f"unexpected Labels type: {go_type}, should be map[string]interface{{}}",
+                below=".in.labels",
+            )
         problems: dict[str, str] = {}
         if problem := runtime_name_problem(data["name"]):
             problems["name"] = problem
@@ -407,11 +425,23 @@ class Director:
         limit = self._config.max_page_size
         if not 1 <= first <= limit:
             raise DirectorError.invalid(f"page size must be between 1 and {limit}")
+        scenarios = [f for f in filter or () if f["key"] == SCENARIOS_LABEL]
+        if scenarios:
+            # Director looks these up among formations, before the cursor is read; the
+            # simulator has none, so nothing matches.
+            try:
+                for scenario_filter in scenarios:
+                    json_path_values(scenario_filter.get("query") or "")
+            except ValueError:
+                raise DirectorError.internal() from None
+            page_info = {"startCursor": after or "", "endCursor": "", "hasNextPage": False}
+            return {"data": [], "totalCount": 0, "pageInfo": page_info}
         offset = _decode_cursor(after)
         try:
             filters = parse_filters(filter)
         except ValueError:
-            # Director hands the query to Postgres as jsonb, which refuses it.
+            # Postgres refuses a query that is no JSON; Director's path translation one
+            # that is no path.
             raise DirectorError.internal() from None
         items, total = self._store.list_runtimes(tenant, filters, offset=offset, limit=first)
         has_next = total > offset + len(items)
@@ -547,7 +577,7 @@ class Director:
     def _delete_label(self, tenant: str, runtimeID: str, key: str) -> dict[str, Any]:
         current = self._labelled(tenant, runtimeID)
         if key not in current.labels:
-            raise DirectorError.not_found("label")
+            raise DirectorError.not_found("runtimeLabel")
         if not _is_modifiable(key):
             raise DirectorError.invalid(f"could not delete unmodifiable label with key {key}")
         if key == SCENARIOS_LABEL:

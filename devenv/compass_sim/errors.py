@@ -95,6 +95,7 @@ class DirectorError(SimulatorError):
         self.code = code
         # The text of the plain Go error behind a code-10 answer, if there was one.
         self.reason: str | None = None
+        self.below = ""
         text = head if head is not None else code.default_message
         if arguments:
             text += " [" + "; ".join(f"{k}={arguments[k]}" for k in sorted(arguments)) + "]"
@@ -112,9 +113,9 @@ class DirectorError(SimulatorError):
         return cls(ErrorCode.NOT_FOUND, object=object_type, ID=object_id)
 
     @classmethod
-    def internal(cls, reason: str | None = None) -> DirectorError:
+    def internal(cls, reason: str | None = None, *, below: str = "") -> DirectorError:
         """Code 10 as the presenter words it (`reason`: the text of a plain Go error, which
-        gqlgen prefixes with the field's path: see `located`)."""
+        gqlgen prefixes with the field's path, `below` it for an argument: see `located`)."""
         error_id = uuid.uuid4()
         if reason is None:
             return cls(ErrorCode.INTERNAL_ERROR, head=f"Internal Server Error [errorID={error_id}]")
@@ -123,6 +124,7 @@ class DirectorError(SimulatorError):
             head=f"Internal Server Error [errorID={error_id}, reason: {reason}]",
         )
         error.reason = reason
+        error.below = below
         return error
 
     def located(self, path: str) -> DirectorError:
@@ -130,7 +132,7 @@ class DirectorError(SimulatorError):
         error in a GraphQL error first, whose text then reads "input: <path> <text>"."""
         if self.reason is None:
             return self
-        return DirectorError.internal(f"input: {path} {self.reason}")
+        return DirectorError.internal(f"input: {path}{self.below} {self.reason}")
 
     @classmethod
     def not_allowed(cls, reason: str, *, object_type: str | None = None) -> DirectorError:

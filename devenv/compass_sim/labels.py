@@ -9,11 +9,15 @@
   characters first (the register and update inputs do not: their long keys fail in
   the database, see `director.py`). Each input field stops at its first problem.
 - `setRuntimeLabel` values are "required" the way Director's validation library
-  means it: null, "", 0, false, [] and {} are rejected.
+  means it: null, "", false, [] and {} are rejected; numbers pass (gqlgen hands them
+  over as json.Number, a string that is never empty).
 - A label filter without `query` matches when the key exists; with `query` it
   matches when the label value contains the query's JSON value (PostgreSQL's
   `jsonb @>`: objects contain sub-objects, arrays contain sub-arrays, an array
-  contains a scalar it has as an element, scalars must be equal).
+  contains a scalar it has as an element, scalars must be equal). For the keys
+  `runtimeType` and `scenarios` (any case) the query is a JSON path instead,
+  `$[*] ? (@ == "a" || @ == "b")`, matching a value that has any of the strings
+  (PostgreSQL's `?|`); a query of another form is refused as a JSON error is.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ __all__ = [
     "contains",
     "description_problem",
     "is_blank",
+    "json_path_values",
     "label_key_problem",
     "matches",
     "parse_filters",
     "runtime_name_problem",
+    "uses_json_path",
 ]
 
 _MAX_NAME_RUNES = 256
@@ -74,35 +80,79 @@ def is_blank(value: Any) -> bool:
         return True
     if isinstance(value, str | list | dict):
         return len(value) == 0
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return value == 0
+    return False
+
+
+# Director's translation of the JSON path its `scenarios` and `runtimeType` filters take.
+_JSON_PATH_VALUE = re.compile(
+    r'^\$\[\*\]\s*\?\s*\(\s*@\s*==\s*"([a-zA-Z0-9\-_\s]+)"\s*'
+    r'|\|\|\s*@\s*==\s*"([a-zA-Z0-9\-_\s]+)"'
+)
+_JSON_PATH_KEYS = frozenset({"runtimeType"})
+
+
+def uses_json_path(key: str) -> bool:
+    return key.upper() == "SCENARIOS" or key in _JSON_PATH_KEYS
+
+
+def json_path_values(query: str) -> tuple[str, ...]:
+    """The strings of `$[*] ? (@ == "a" || @ == "b")`; ValueError for another form."""
+    found = list(_JSON_PATH_VALUE.finditer(query))
+    if not found:
+        raise ValueError(f"value not found in the query parameter {query!r}")
+    first, *rest = found
+    return (first.group(1) or "", *(m.group(2) or "" for m in rest))
+
+
+def _has_any(value: Any, strings: tuple[str, ...]) -> bool:
+    """PostgreSQL `value ?| strings`: a string value, element or top-level key among them."""
+    if isinstance(value, str):
+        return value in strings
+    if isinstance(value, list):
+        return any(isinstance(e, str) and e in strings for e in value)
+    if isinstance(value, dict):
+        return any(k in strings for k in value)
     return False
 
 
 class LabelFilter:
-    """One parsed `LabelFilter` input: a key and, optionally, a JSON value to contain."""
+    """One parsed `LabelFilter` input: a key and, optionally, a JSON value to contain
+    (`has_query`) or strings to have (`any_of`, from a JSON path)."""
 
-    __slots__ = ("has_query", "key", "query")
+    __slots__ = ("any_of", "has_query", "key", "query")
 
-    def __init__(self, key: str, query: Any = None, *, has_query: bool = False) -> None:
+    def __init__(
+        self,
+        key: str,
+        query: Any = None,
+        *,
+        has_query: bool = False,
+        any_of: tuple[str, ...] | None = None,
+    ) -> None:
         self.key = key
         self.query = query
         self.has_query = has_query
+        self.any_of = any_of
 
     def matches(self, labels: Mapping[str, Any]) -> bool:
         if self.key not in labels:
             return False
+        if self.any_of is not None:
+            return _has_any(labels[self.key], self.any_of)
         return not self.has_query or contains(labels[self.key], self.query)
 
 
 def parse_filters(raw: Sequence[Mapping[str, Any]] | None) -> list[LabelFilter]:
-    """Parse GraphQL `[LabelFilter!]` input; raises ValueError for a non-JSON query."""
+    """Parse GraphQL `[LabelFilter!]` input; raises ValueError for a query of the wrong form."""
     filters: list[LabelFilter] = []
     for item in raw or ():
         key = item["key"]
         query = item.get("query")
         if query is None:
             filters.append(LabelFilter(key))
+            continue
+        if uses_json_path(key):
+            filters.append(LabelFilter(key, any_of=json_path_values(query)))
             continue
         try:
             value = json.loads(query)

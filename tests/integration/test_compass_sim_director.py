@@ -406,10 +406,19 @@ def test_label_keys_with_underscores_and_long_descriptions_are_fine(
     assert runtime["labels"]["global_account_id"] == "g"
 
 
-def test_labels_must_be_a_json_object(sim: CompassSimulator, director: DirectorClient) -> None:
-    response = director.post(REGISTER_RUNTIME, {"in": {"name": "x", "labels": ["a"]}})
-    assert response.status_code == 422
-    assert "labels must be a JSON object" in response.json()["errors"][0]["message"]
+@pytest.mark.parametrize(
+    ("labels", "go_type"), [(["a"], "[]interface {}"), ("a", "string"), (1, "json.Number")]
+)
+def test_labels_must_be_a_json_object(
+    sim: CompassSimulator, director: DirectorClient, labels: Any, go_type: str
+) -> None:
+    # gqlgen reads arguments inside the field: the field fails, not the document.
+    response = director.post(REGISTER_RUNTIME, {"in": {"name": "x", "labels": labels}})
+    assert response.status_code == 200
+    assert _internal_reason(response) == (
+        f"input: result.in.labels unexpected Labels type: {go_type}, "
+        "should be map[string]interface{}"
+    )
     assert sim.runtimes() == []
 
 
@@ -766,12 +775,19 @@ def test_set_and_delete_runtime_labels(director: DirectorClient) -> None:
     assert "new_key" not in director.result(GET_RUNTIME, {"id": rid})["labels"]
     again = director.post(DELETE_RUNTIME_LABEL, {"runtimeID": rid, "key": "new_key"})
     assert _errors(again) == [(20, "NotFound")]
-    assert again.json()["errors"][0]["message"] == "Object not found [object=label]"
+    assert again.json()["errors"][0]["message"] == "Object not found [object=runtimeLabel]"
 
 
 @pytest.mark.parametrize(
     ("key", "value", "code"),
-    [("bad-key", "x", 22), ("", "x", 22), ("fine", "", 22), ("fine", None, None)],
+    [
+        ("bad-key", "x", 22),
+        ("", "x", 22),
+        ("fine", "", 22),
+        ("fine", False, 22),
+        ("fine", [], 22),
+        ("fine", None, None),
+    ],
 )
 def test_set_runtime_label_validates_key_and_value(
     director: DirectorClient, key: str, value: Any, code: int | None
@@ -797,6 +813,36 @@ def test_scenarios_label_cannot_be_set_nor_deleted(director: DirectorClient) -> 
         SET_RUNTIME_LABEL, {"runtimeID": rid, "key": "scenarios", "value": "A"}
     )
     assert _resolver_reason(response) == "label with key scenarios cannot be set explicitly"
+
+
+def test_filters_on_runtime_type_take_a_json_path(director: DirectorClient) -> None:
+    rid = _register(director, "kyma")["id"]
+    page = _list(director, filter=[{"key": "runtimeType", "query": '$[*] ? (@ == "kyma")'}])
+    assert [r["id"] for r in page["data"]] == [rid]
+    plain = director.post(LIST_RUNTIMES, {"filter": [{"key": "runtimeType", "query": '"kyma"'}]})
+    assert _internal_reason(plain) is None
+
+
+def test_a_scenarios_filter_finds_nothing_without_formations(director: DirectorClient) -> None:
+    _register(director, "kyma")
+    query = '$[*] ? (@ == "DEFAULT")'
+    # Formations are looked up before the cursor is read: a bad cursor goes unnoticed.
+    page = _list(director, filter=[{"key": "scenarios", "query": query}], after="not a cursor")
+    assert page == {
+        "data": [],
+        "totalCount": 0,
+        "pageInfo": {"startCursor": "not a cursor", "endCursor": "", "hasNextPage": False},
+    }
+    plain = director.post(LIST_RUNTIMES, {"filter": [{"key": "scenarios", "query": '"A"'}]})
+    assert _internal_reason(plain) is None
+
+
+def test_label_values_may_be_zero(director: DirectorClient) -> None:
+    rid = _register(director, "zero")["id"]
+    assert director.result(SET_RUNTIME_LABEL, {"runtimeID": rid, "key": "n", "value": 0}) == {
+        "key": "n",
+        "value": 0,
+    }
 
 
 def test_labels_field_takes_a_key(director: DirectorClient) -> None:

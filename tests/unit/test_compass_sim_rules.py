@@ -13,6 +13,7 @@ from devenv.compass_sim.faults import FaultState
 from devenv.compass_sim.labels import (
     contains,
     is_blank,
+    json_path_values,
     label_key_problem,
     matches,
     parse_filters,
@@ -63,6 +64,31 @@ def test_filter_query_must_be_json() -> None:
 
 
 @pytest.mark.parametrize(
+    ("query", "values"),
+    [
+        ('$[*] ? (@ == "kyma")', ("kyma",)),
+        ('$[*] ? ( @ == "a b" || @ == "c-d" || @=="e_f" )', ("a b", "c-d", "e_f")),
+    ],
+)
+def test_runtime_type_and_scenarios_filters_take_a_json_path(
+    query: str, values: tuple[str, ...]
+) -> None:
+    assert json_path_values(query) == values
+    [runtime_type] = parse_filters([{"key": "runtimeType", "query": query}])
+    assert runtime_type.any_of == values
+    assert runtime_type.matches({"runtimeType": values[-1]})
+    assert runtime_type.matches({"runtimeType": ["zzz", values[0]]})
+    assert not runtime_type.matches({"runtimeType": "zzz"})
+    assert not runtime_type.matches({"other": values[0]})
+
+
+@pytest.mark.parametrize("query", ['"kyma"', "$[*]", '$[*] ? (@ == "k/y")'])
+def test_a_json_path_filter_of_another_form_is_refused(query: str) -> None:
+    with pytest.raises(ValueError, match="value not found"):
+        parse_filters([{"key": "runtimeType", "query": query}])
+
+
+@pytest.mark.parametrize(
     ("name", "problem"),
     [
         # compass-manager's `<shoot>-<random letters>`, upper case included
@@ -104,7 +130,8 @@ def test_label_key_rules(key: str, ok: bool) -> None:
         ("", True),
         ([], True),
         ({}, True),
-        (0, True),
+        (0, False),  # a json.Number to Director: a string, never empty
+        (0.0, False),
         (False, True),
         ("x", False),
         ([0], False),
