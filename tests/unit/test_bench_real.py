@@ -176,3 +176,13 @@ def test_quartiles_are_the_moments_a_quarter_half_three_quarters_and_all_connect
     times = [float(t) for t in range(1, 9)]
     assert real.quartiles(times, 8) == [2.0, 4.0, 6.0, 8.0]
     assert real.quartiles(times[:5], 8) == [2.0, 4.0, None, None]
+
+
+def test_postgres_backends_count_as_one_program() -> None:
+    roles = {
+        "broker": 9.04,
+        "postgres: postgres compass 127.0.0.1(1) idle": 1.0,
+        "postgres: postgres compass 127.0.0.1(2) idle": 0.55,
+        "postgres": 0.1,
+    }
+    assert real.cpu_by_program(roles) == {"broker": 9.0, "postgres": 1.6}
