@@ -116,6 +116,14 @@ def quartiles(connect_times: Sequence[float], n: int) -> list[float | None]:
     return out
 
 
+def cpu_by_program(by_role: Mapping[str, float]) -> dict[str, float]:
+    """CPU seconds per program: PostgreSQL's backends (one role per connection) as one."""
+    out: Counter[str] = Counter()
+    for role, seconds in by_role.items():
+        out["postgres" if role.startswith("postgres") else role] += seconds
+    return {k: round(v, 1) for k, v in sorted(out.items())}
+
+
 def capacity_bound(n: int, pairs_per_second: float) -> float:
     """Seconds Director needs for n register + token pairs at the rate it sustains."""
     return n / pairs_per_second
@@ -692,7 +700,7 @@ class RealBench:
                 duplicates=duplicates_by_label(ours),
                 director_calls=calls,
                 calls_per_runtime=calls_per_runtime(calls, n),
-                cpu_seconds_by_process={k: round(v, 1) for k, v in sorted(m.cpu.by_role.items())},
+                cpu_seconds_by_process=cpu_by_program(m.cpu.by_role),
                 wall_seconds=m.cpu.wall_seconds,
                 admission=admission,
                 quartiles=quartiles([t - fleet.started_at for t in fleet.connected_at.values()], n),

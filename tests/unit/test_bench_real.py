@@ -185,4 +185,4 @@ def test_postgres_backends_count_as_one_program() -> None:
         "postgres: postgres compass 127.0.0.1(2) idle": 0.55,
         "postgres": 0.1,
     }
-    assert real.cpu_by_program(roles) == {"broker": 9.0, "postgres": 1.6}
+    assert real.cpu_by_program(roles) == {"broker": 9.0, "postgres": 1.7}
