@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import httpx
 import pytest
 
+from control_plane_broker.director import documents as broker
 from devenv.compass_sim import READ_SCOPE, WRITE_SCOPE, CompassSimulator, SimConfig
 from devenv.compass_sim.config import GlobalAccount, Subaccount
 from devenv.compass_sim.testing import fetch_token
@@ -464,6 +465,25 @@ def _reg(name: str, **fields: Any) -> dict[str, Any]:
 
 
 MISSING = "00000000-0000-4000-8000-000000000001"  # a UUID no runtime has
+KYMA_ID = "6f1e0c3a-9b7d-4e2f-8a15-3c4d5e6f7a8b"
+# What the broker writes: compass-manager's labels plus its own (placeholders by role).
+BROKER_LABELS: dict[str, Any] = {
+    "director_connection_managed_by": "compass-broker",
+    "kyma_runtime_id": KYMA_ID,
+    "broker_instance_id": "instance-1",
+    "gardenerClusterName": "shoot-abc",
+    "global_subaccount_id": "<sa>",
+    "global_account_id": "<ga>",
+    "broker_plan_id": "plan-1",
+    "broker_plan_name": "azure",
+}
+
+
+def broker_labels(ctx: Ctx) -> dict[str, Any]:
+    labels: dict[str, Any] = _resolve(BROKER_LABELS, ctx)
+    return labels
+
+
 NOT_A_UUID = "not-a-uuid"
 
 CASES: tuple[Case, ...] = (
@@ -1140,6 +1160,89 @@ CASES: tuple[Case, ...] = (
         LIST,
         {"first": 10, "filter": [{"key": "runtimeType"}]},
         setup=(register("rt"),),
+    ),
+    # -- the broker's own documents, through a runtime's life and after it
+    Case(
+        "broker-register",
+        (),
+        broker.REGISTER_RUNTIME,
+        lambda c: {"in": {"name": "shoot-abc", "labels": broker_labels(c)}},
+    ),
+    Case(
+        "broker-look-up",
+        (),
+        broker.RUNTIMES_BY_LABEL,
+        {"first": 200, "filter": [{"key": "kyma_runtime_id", "query": json.dumps(KYMA_ID)}]},
+        setup=(register("shoot-abc", labels=BROKER_LABELS),),
+        check=page(1, has_next=False),
+    ),
+    Case(
+        "broker-runtime-by-id",
+        (),
+        broker.RUNTIME_BY_ID,
+        lambda c: {"id": c.runtimes["shoot-abc"]},
+        setup=(register("shoot-abc", labels=BROKER_LABELS),),
+    ),
+    Case(
+        "broker-token",
+        (),
+        broker.REQUEST_OTT,
+        lambda c: {"id": c.runtimes["shoot-abc"]},
+        setup=(register("shoot-abc", labels=BROKER_LABELS),),
+        check=fresh_token,
+    ),
+    Case(
+        "broker-set-label",
+        (),
+        broker.SET_RUNTIME_LABEL,
+        lambda c: {"runtimeID": c.runtimes["shoot-abc"], "key": "broker_plan_name", "value": "aws"},
+        setup=(register("shoot-abc", labels=BROKER_LABELS),),
+    ),
+    Case(
+        "broker-unregister",
+        (),
+        broker.UNREGISTER_RUNTIME,
+        lambda c: {"id": c.runtimes["shoot-abc"]},
+        setup=(register("shoot-abc", labels=BROKER_LABELS),),
+    ),
+    Case(
+        "broker-runtime-by-id-after-unregister",
+        (),
+        broker.RUNTIME_BY_ID,
+        lambda c: {"id": c.runtimes["shoot-abc"]},
+        setup=(register("shoot-abc", labels=BROKER_LABELS), unregister("shoot-abc")),
+    ),
+    Case(
+        "broker-look-up-after-unregister",
+        (),
+        broker.RUNTIMES_BY_LABEL,
+        {"first": 200, "filter": [{"key": "kyma_runtime_id", "query": json.dumps(KYMA_ID)}]},
+        setup=(register("shoot-abc", labels=BROKER_LABELS), unregister("shoot-abc")),
+        check=page(0, has_next=False),
+    ),
+    Case(
+        "broker-token-after-unregister",
+        (),
+        broker.REQUEST_OTT,
+        lambda c: {"id": c.runtimes["shoot-abc"]},
+        setup=(register("shoot-abc", labels=BROKER_LABELS), unregister("shoot-abc")),
+        check=codes(27),
+    ),
+    Case(
+        "broker-set-label-after-unregister",
+        (),
+        broker.SET_RUNTIME_LABEL,
+        lambda c: {"runtimeID": c.runtimes["shoot-abc"], "key": "broker_plan_name", "value": "x"},
+        setup=(register("shoot-abc", labels=BROKER_LABELS), unregister("shoot-abc")),
+        check=codes(10),
+    ),
+    Case(
+        "broker-unregister-after-unregister",
+        (),
+        broker.UNREGISTER_RUNTIME,
+        lambda c: {"id": c.runtimes["shoot-abc"]},
+        setup=(register("shoot-abc", labels=BROKER_LABELS), unregister("shoot-abc")),
+        check=codes(20),
     ),
     # -- where a gateway answers, and the fault both have
     Case(
