@@ -1368,7 +1368,7 @@ def _run(case: Case, side: Side) -> tuple[Answer, Ctx]:
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_simulator_answers_as_the_real_director(
-    case: Case, sim_side: Side, real_side: Side
+    case: Case, real_side: Side, sim_side: Side
 ) -> None:
     real_answer, real_ctx = _run(case, real_side)
     sim_answer, sim_ctx = _run(case, sim_side)
