@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from .affinity import parse_cpus
 from .stack import CompassSourceMissing, RealCompassError, start_real_compass
 
 EXIT_NO_SOURCE = 3
@@ -74,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="write compass-manager's credentials file (data: client_id, client_secret, "
         "tokens_endpoint) here, for BROKER_DIRECTOR_CREDENTIALS_FILE",
     )
+    parser.add_argument(
+        "--cpus",
+        type=parse_cpus,
+        metavar="LIST",
+        help="run PostgreSQL, Director and the gateway on these CPUs only (e.g. 0 or 0-1,3; "
+        "default: wherever this command runs)",
+    )
     return parser
 
 
@@ -108,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stack = None
     try:
         try:
-            stack = start_real_compass(workdir, connector_url=args.connector_url)
+            stack = start_real_compass(workdir, connector_url=args.connector_url, cpus=args.cpus)
             for external in args.global_account:
                 stack.add_global_account(external)
             for external, parent, region in subaccounts:

@@ -24,7 +24,7 @@ import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -33,7 +33,7 @@ import yaml
 
 from devenv.clusters import Binaries, TestCluster, find_binaries, start_cluster
 
-from . import postgres
+from . import affinity, postgres
 from .director import DirectorConfig, DirectorProcess, start_director
 from .gateway import GRAPHQL_PATH, JWKS_PATH, TOKEN_PATH, Gateway, LossMode, new_client_credentials
 
@@ -350,6 +350,7 @@ def start_real_compass(
     cluster: TestCluster | None = None,
     connector_url: str | None = None,
     director_folder: Path | None = None,
+    cpus: Iterable[int] | None = None,
 ) -> RealCompass:
     """Builds what is missing and starts the stack in `workdir` (logs, config, kubeconfig).
 
@@ -357,10 +358,13 @@ def start_real_compass(
     their own); without it a cluster is started from `binaries` (built when None) and stopped
     with the stack. `connector_url`: what Director returns as the one-time token's
     `connectorURL` (default: the gateway's `/connector/graphql`, which nothing serves).
-    `director_folder`: the output of build.sh when the caller already ran it.
+    `director_folder`: the output of build.sh when the caller already ran it. `cpus`: the CPU
+    numbers PostgreSQL, Director and the gateway's thread run on (default: wherever the caller
+    runs; devenv/real_director/affinity.py), e.g. to keep a benchmark's other processes off them.
 
     Raises CompassSourceMissing when the source cannot be had, RealCompassError otherwise.
     """
+    pin = affinity.checked(cpus)
     workdir.mkdir(parents=True, exist_ok=True)
     folder = director_folder or build_director()
     source = folder / "compass"
@@ -372,7 +376,9 @@ def start_real_compass(
         template = postgres.migrated_template(migrations_dir, folder, log_dir=workdir)
         stack.timings["migrated_template"] = time.monotonic() - began
         phase = time.monotonic()
-        stack.database = postgres.start_postgres(template, workdir / "postgres.log")
+        stack.database = affinity.started_on(
+            pin, postgres.start_postgres, template, workdir / "postgres.log"
+        )
         stack.timings["postgres"] = time.monotonic() - phase
 
         phase = time.monotonic()
@@ -392,7 +398,7 @@ def start_real_compass(
             resolve_tenant=lambda external: _resolve(database, external),
         )
         stack._gateway = gateway
-        gateway.start()
+        affinity.started_on(pin, gateway.start)
         stack.gateway_url = gateway.url
         stack.director_url = f"{gateway.url}{GRAPHQL_PATH}"
         stack.token_url = f"{gateway.url}{TOKEN_PATH}"
@@ -400,7 +406,9 @@ def start_real_compass(
         stack.connector_url = connector_url or f"{gateway.url}/connector/graphql"
 
         phase = time.monotonic()
-        stack.director_process = start_director(
+        stack.director_process = affinity.started_on(
+            pin,
+            start_director,
             DirectorConfig(
                 binary=folder / "director",
                 source=source,
