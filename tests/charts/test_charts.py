@@ -179,6 +179,18 @@ def test_agent_rbac_names_the_one_secret(binaries: Binaries) -> None:
     assert [r["verbs"] for r in unnamed] == [["create"]]  # create cannot be limited by name
 
 
+def test_broker_may_only_get_secrets_by_name(binaries: Binaries) -> None:
+    # The broker reads a runtime's kubeconfig Secret by its exact name and nothing else:
+    # list or watch would let whoever holds its token read every Secret in the namespace.
+    objects = render(binaries, "compass-broker", namespace="kcp-system", values=BROKER_REQUIRED)
+    roles = by_kind(objects, "Role") + by_kind(objects, "ClusterRole")
+    rules = [rule for role in roles for rule in role["rules"]]
+    assert rules
+    assert [r for r in rules if "*" in r["apiGroups"] + r["resources"] + r["verbs"]] == []
+    secret_rules = [r for r in rules if "secrets" in r["resources"]]
+    assert [(r["resources"], r["verbs"]) for r in secret_rules] == [(["secrets"], ["get"])]
+
+
 def test_agent_may_only_annotate_the_one_compass_connection(binaries: Binaries) -> None:
     objects = render(binaries, "compass-agent", namespace="kyma-system", values=AGENT_REQUIRED)
     rules = [rule for role in by_kind(objects, "ClusterRole") for rule in role["rules"]]
