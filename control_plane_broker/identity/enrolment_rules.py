@@ -21,6 +21,8 @@ What always holds:
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -38,6 +40,12 @@ from control_plane_broker.registration.state import (
 MAX_ISSUER_CHARS = 512  # cloud issuers are ~100 characters; an annotation value stays small
 ALGORITHMS = frozenset({"RS256", "ES256"})
 DISCOVERY_SUFFIX = "/.well-known/openid-configuration"
+# What an issuer may be made of. The value comes from an unauthenticated caller and ends up in
+# the approval command an operator pastes into a shell: `$`, backquotes, `;`, `|`, `&`, quotes,
+# parentheses, brackets, braces and globs have no place in a cluster's issuer URL (cloud issuers
+# are host names and path segments of letters, digits and `-._~`), so they are refused outright,
+# not escaped. The command quotes its values as well (`approve_command`).
+_ISSUER_CHARS = re.compile(r"[A-Za-z0-9._~:/%-]+")
 
 
 def issuer_problem(value: object) -> str | None:
@@ -58,6 +66,7 @@ def issuer_problem(value: object) -> str | None:
         (not parts.hostname or "@" in parts.netloc, "no host, or user info in the URL"),
         ("?" in value or "#" in value, "a query or fragment in the URL"),
         (port == 0, "port 0"),
+        (not _ISSUER_CHARS.fullmatch(value), "characters other than letters, digits and -._~:/%"),
     )
     return next((problem for failed, problem in checks if failed), None)
 
@@ -186,42 +195,69 @@ def due(last: float | None, now: float, interval: float) -> bool:
 # --- what the operator is told -------------------------------------------------------------
 
 
+def shell_command(*words: str) -> str:
+    """A command line an operator may paste: every word quoted for a POSIX shell, so no value
+    (an issuer, a name, a placeholder) is ever read as shell syntax. Words made of safe
+    characters only are left as they are, so the usual command reads as usual."""
+    return " ".join(shlex.quote(word) for word in words)
+
+
 def approve_command(*, namespace: str, name: str, issuer: str) -> str:
     """The one command that approves `issuer` and clears the pending record with it."""
-    return (
-        f"kubectl -n {namespace} annotate compassmanagermapping {name} --overwrite "
-        f"{ANNOTATION_ISSUER_APPROVED}={issuer} "
-        f"{ANNOTATION_ISSUER_PENDING}- {ANNOTATION_ISSUER_PENDING_SINCE}-"
+    return shell_command(
+        "kubectl",
+        "-n",
+        namespace,
+        "annotate",
+        "compassmanagermapping",
+        name,
+        "--overwrite",
+        f"{ANNOTATION_ISSUER_APPROVED}={issuer}",
+        f"{ANNOTATION_ISSUER_PENDING}-",
+        f"{ANNOTATION_ISSUER_PENDING_SINCE}-",
     )
 
 
 def clear_command(*, namespace: str, name: str) -> str:
-    return (
-        f"kubectl -n {namespace} annotate compassmanagermapping {name} "
-        f"{ANNOTATION_ISSUER_PENDING}- {ANNOTATION_ISSUER_PENDING_SINCE}-"
+    return shell_command(
+        "kubectl",
+        "-n",
+        namespace,
+        "annotate",
+        "compassmanagermapping",
+        name,
+        f"{ANNOTATION_ISSUER_PENDING}-",
+        f"{ANNOTATION_ISSUER_PENDING_SINCE}-",
     )
 
 
 def event_message(step: AwaitApproval, *, namespace: str, name: str) -> str:
+    # Values named in the prose are quoted too: an issuer on the mapping may have been written
+    # by an operator or an older broker, and an operator may copy it into a command.
     pending = step.presented if step.record else step.enrolment.pending
     changed = (
-        f" (the approved issuer is {step.enrolment.approved}; a changed issuer needs a new "
+        f" (the approved issuer is {_quoted(step.enrolment.approved)}; a changed issuer needs a new "
         "approval)"
         if step.enrolment.approved
         else ""
     )
     if pending == step.presented:
         return (
-            f"ServiceAccount issuer {step.presented} awaits approval for this runtime{changed}. "
+            f"ServiceAccount issuer {_quoted(step.presented)} awaits approval for this "
+            f"runtime{changed}. "
             "Check with the cluster's owner that it is their cluster's issuer, then: "
             + approve_command(namespace=namespace, name=name, issuer=step.presented)
         )
     return (
-        f"ServiceAccount issuer {step.presented} asks to be enrolled for this runtime, but "
-        f"issuer {pending} is already pending{changed}. Approve the one the cluster's owner "
+        f"ServiceAccount issuer {_quoted(step.presented)} asks to be enrolled for this runtime, "
+        f"but issuer {_quoted(pending)} is already pending{changed}. Approve the one the cluster's owner "
         f"confirms ({approve_command(namespace=namespace, name=name, issuer='<issuer>')}), "
         f"or clear the pending one: {clear_command(namespace=namespace, name=name)}"
     )
+
+
+def _quoted(value: str | None) -> str:
+    return shlex.quote(value or "")
 
 
 def refusal_detail(step: AwaitApproval) -> str:

@@ -6,6 +6,7 @@ is plain HTTPS, not Kubernetes)."""
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from typing import Any
 
@@ -79,6 +80,20 @@ def test_https_issuers_are_acceptable(issuer: str) -> None:
         ("https://issuer.test:0", "port 0"),
         ("https://issuer.test:99999", "not a URL"),
         ("https://" + "a" * 600 + ".test", "longer than"),
+        # Shell syntax, as an unauthenticated first contact presented it (issue 28, item 5):
+        ("https://issuer.example/$(touch${IFS}/tmp/x)`id`;x", "characters other than"),
+        ("https://issuer.example/`id`", "characters other than"),
+        ("https://issuer.example/a;b", "characters other than"),
+        ("https://issuer.example/a|b", "characters other than"),
+        ("https://issuer.example/a&b", "characters other than"),
+        ("https://issuer.example/a'b", "characters other than"),
+        ('https://issuer.example/a"b', "characters other than"),
+        ("https://issuer.example/a>b", "characters other than"),
+        ("https://issuer.example/a(b)", "characters other than"),
+        ("https://issuer.example/a*", "characters other than"),
+        ("https://issuer.example/a\\b", "characters other than"),
+        ("https://issuer.example/{a}", "characters other than"),
+        ("https://[::1]:6443", "characters other than"),
     ],
 )
 def test_anything_else_is_refused_with_a_reason(issuer: object, problem: str) -> None:
@@ -186,6 +201,46 @@ def test_the_event_gives_the_one_command_that_approves_and_clears_pending() -> N
         "compass-broker.kyma-project.io/issuer-pending- "
         "compass-broker.kyma-project.io/issuer-pending-since-"
     )
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "issuer"),
+    [
+        ("kcp-system", "rt-1", ISSUER),
+        ("kcp system", "rt-1;id", "https://issuer.example/$(touch${IFS}x)`id`;x"),
+        ("$(id)", "a'b", "https://x/'\"'; rm -rf ~"),
+        ("-n", "--overwrite", "<issuer>"),
+    ],
+)
+def test_every_printed_command_is_the_intended_argv_whatever_the_values(
+    namespace: str, name: str, issuer: str
+) -> None:
+    # Whatever reached a value (an issuer recorded by an older broker, a name), a shell reads
+    # back exactly the words meant: no substitution, no second command, no lost quote.
+    approve = rules.approve_command(namespace=namespace, name=name, issuer=issuer)
+    assert shlex.split(approve) == [
+        "kubectl",
+        "-n",
+        namespace,
+        "annotate",
+        "compassmanagermapping",
+        name,
+        "--overwrite",
+        f"compass-broker.kyma-project.io/issuer-approved={issuer}",
+        "compass-broker.kyma-project.io/issuer-pending-",
+        "compass-broker.kyma-project.io/issuer-pending-since-",
+    ]
+    clear = rules.clear_command(namespace=namespace, name=name)
+    assert shlex.split(clear)[2] == namespace
+    assert shlex.split(clear)[5] == name
+
+
+def test_an_unsafe_issuer_already_on_the_mapping_is_quoted_in_the_event() -> None:
+    # Recorded before issuers were restricted: named in the prose only quoted, never approved.
+    hostile = "https://x/$(id)`id`"
+    step = rules.await_approval(ISSUER, Enrolment(approved=hostile, pending=hostile))
+    message = rules.event_message(step, namespace="kcp-system", name="rt-1")
+    assert hostile not in message.replace(shlex.quote(hostile), "")
 
 
 def test_another_issuer_while_one_is_pending_names_both_and_approves_neither() -> None:
