@@ -16,9 +16,13 @@ Two scenarios, chosen with `--scenarios` (default both):
   time that capacity allows, agent timeouts, one-time tokens issued, duplicates.
 
 Each scenario gets a fresh real Director stack (its PostgreSQL, its gateway) on the bench's
-KCP API server. Figures go to `<out-dir>/benchmarks-real.json` and `.md`; `--docs` also puts
-them into docs/benchmarks.md (a section of its own) and docs/benchmarks.json (key
-`real_director`), leaving everything else there as it is.
+KCP API server. With `--cpus auto` (the default, on a machine with two CPUs or more) Director,
+PostgreSQL and the gateway's thread run on the first CPU and everything else (the bench, the
+KCP API server, brokers, fleet) on the others, in the capacity measurement and in the cold
+start alike: the bound is measured with the CPU Director has during the run. Figures go to
+`<out-dir>/benchmarks-real.json` and `.md`; `--docs` also puts them into docs/benchmarks.md (a
+section of its own) and docs/benchmarks.json (key `real_director`), leaving everything else
+there as it is.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from bench import plan as planning
 from bench import stats
 from bench.keys import new_runtime_keys
 from bench.plan import RunSpec
-from bench.procs import Child
+from bench.procs import CLOCK_TICKS, Child, CpuSnapshot, cpu_by_role
 from bench.progress import Progress
 from bench.results import Plan
 from bench.scenarios import ADMISSION_GAUGES, RUNTIME_ID_LABEL, Bench, BenchConfig, label_value
@@ -124,6 +128,63 @@ def cpu_by_program(by_role: Mapping[str, float]) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(out.items())}
 
 
+def split_cpus(usable: Iterable[int], spec: str) -> tuple[frozenset[int], frozenset[int]] | None:
+    """(Director's CPUs, everybody else's) from `--cpus`: `auto` (the lowest usable CPU for
+    Director, the rest for the others; None with fewer than two), `none` (None) or `A/B`
+    (two CPU lists, e.g. `0/1` or `0/1-3`, disjoint and usable)."""
+    from devenv.real_director.affinity import parse_cpus  # noqa: PLC0415
+
+    have = frozenset(usable)
+    if spec == "none":
+        return None
+    if spec == "auto":
+        if len(have) < 2:
+            return None
+        first = min(have)
+        return frozenset({first}), have - {first}
+    director, sep, rest = spec.partition("/")
+    if not sep:
+        raise ValueError(f"--cpus {spec!r}: expected auto, none or DIRECTOR/OTHERS (e.g. 0/1)")
+    mine, theirs = parse_cpus(director), parse_cpus(rest)
+    if mine & theirs or not (mine | theirs) <= have:
+        raise ValueError(f"--cpus {spec!r}: disjoint lists of the usable CPUs {sorted(have)}")
+    return mine, theirs
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def busy_per_cpu(stat_text: str, ticks: int = CLOCK_TICKS) -> dict[int, float]:
+    """CPU seconds each CPU was busy since boot (the `cpuN` lines of /proc/stat, everything but
+    idle and iowait, guest time already in user time)."""
+    out: dict[int, float] = {}
+    for line in stat_text.splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            values = [int(v) for v in fields]
+            idle = values[3] + (values[4] if len(values) > 4 else 0)
+            out[int(name[3:])] = (sum(values[:8]) - idle) / ticks
+    return out
+
+
+def busy_shares(
+    before: Mapping[int, float], after: Mapping[int, float], seconds: float
+) -> dict[str, float]:
+    """Each CPU's busy share (0..1) between two readings of `busy_per_cpu`, keyed `cpuN`."""
+    return {
+        f"cpu{c}": round(min(1.0, max(0.0, (after[c] - before.get(c, 0.0)) / seconds)), 3)
+        for c in sorted(after)
+        if seconds > 0
+    }
+
+
+def others_cpu(machine_busy: float, ours: Mapping[str, float]) -> float:
+    """CPU seconds the machine spent on processes the bench did not start (other engineers'
+    tests): all busy time less what the bench's own processes used."""
+    return round(max(0.0, machine_busy - sum(ours.values())), 1)
+
+
 def capacity_bound(n: int, pairs_per_second: float) -> float:
     """Seconds Director needs for n register + token pairs at the rate it sustains."""
     return n / pairs_per_second
@@ -191,6 +252,9 @@ class CapacityResult:
     seconds: float
     errors: int
     first_error: str = ""
+    cpu_busy: dict[str, float] = field(default_factory=dict)  # share per CPU, `cpuN`
+    others_cpu_seconds: float | None = None  # other engineers' processes meanwhile
+    load_after: float | None = None  # 1-minute load average at the end
 
     @property
     def pairs_per_second(self) -> float:
@@ -218,6 +282,9 @@ class RealColdResult:
     # seconds from "go" until 25, 50, 75 and 100 % of N were connected (None: never)
     quartiles: list[float | None] = field(default_factory=list)
     broker_env: dict[str, str] = field(default_factory=dict)
+    cpu_busy: dict[str, float] = field(default_factory=dict)  # share per CPU, `cpuN`
+    others_cpu_seconds: float | None = None  # other engineers' processes meanwhile
+    load_after: float | None = None  # 1-minute load average at the end
 
     @property
     def ratio(self) -> float | None:
@@ -235,6 +302,8 @@ class RealReport:
     capacity: list[CapacityResult] = field(default_factory=list)
     cold: RealColdResult | None = None
     notes: list[str] = field(default_factory=list)
+    # who ran where: "Director, PostgreSQL, gateway" and "bench, KCP API server, broker, fleet"
+    cpus: dict[str, str] = field(default_factory=dict)
 
 
 def to_json(report: RealReport) -> dict[str, Any]:
@@ -245,6 +314,7 @@ def to_json(report: RealReport) -> dict[str, Any]:
         "started": report.started,
         "load_before": [round(x, 2) for x in report.load_before],
         "load_after": [round(x, 2) for x in report.load_after],
+        "cpus": report.cpus,
         "lost": [
             {
                 **asdict(r),
@@ -276,6 +346,10 @@ def _f(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def _busy(shares: Mapping[str, float]) -> str:
+    return " / ".join(f"{k} {100 * v:.0f} %" for k, v in shares.items()) or "—"
+
+
 def _calls(calls: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(calls.items())) or "none"
 
@@ -289,6 +363,13 @@ def render(report: RealReport) -> str:
         "(1 min; the 2 cores were shared with other engineers' test runs).",
         "",
     ]
+    if report.cpus:
+        lines += [
+            "CPU placement (affinity, `--cpus`): "
+            + "; ".join(f"{who} on CPU {where}" for who, where in report.cpus.items())
+            + ". The capacity measurement and the cold start run with the same placement.",
+            "",
+        ]
     if report.lost:
         lines += [
             f"### Lost answers: {int(LOST_RATIO * 100)} % of `registerRuntime` answers lost "
@@ -317,13 +398,15 @@ def render(report: RealReport) -> str:
             "to the gateway (no broker) by that many concurrent callers, the labels and tenants "
             "the broker sends.",
             "",
-            "| concurrent callers | pairs | seconds | pairs / s | calls / s | errors |",
-            "|---|---|---|---|---|---|",
+            "| concurrent callers | pairs | seconds | pairs / s | calls / s | errors "
+            "| CPU busy | others' CPU-s | load after |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for c in report.capacity:
             lines.append(
                 f"| {c.concurrency} | {c.pairs} | {c.seconds:.1f} | {c.pairs_per_second:.1f} | "
-                f"{2 * c.pairs_per_second:.1f} | {c.errors} |"
+                f"{2 * c.pairs_per_second:.1f} | {c.errors} | {_busy(c.cpu_busy)} | "
+                f"{_f(c.others_cpu_seconds, 1)} | {_f(c.load_after)} |"
             )
         lines += [""]
     cold = report.cold
@@ -373,7 +456,9 @@ def render(report: RealReport) -> str:
                 for k, v in sorted(cold.cpu_seconds_by_process.items(), key=lambda kv: -kv[1])
                 if v >= 0.5
             )
-            + ".",
+            + f"; CPU busy {_busy(cold.cpu_busy)}; other processes on the machine "
+            f"{_f(cold.others_cpu_seconds, 1)} CPU-s; load average at the end "
+            f"{_f(cold.load_after)}.",
             "",
         ]
         if cold.admission:
@@ -495,16 +580,43 @@ async def measure_capacity(
                 first_error = first_error or repr(exc)[:300]
 
     async with httpx.AsyncClient(timeout=60, limits=limits) as h:
+        window = CpuWindow.open()
         started = time.monotonic()
         await asyncio.gather(*(worker(h) for _ in range(concurrency)))
         seconds = time.monotonic() - started
+        cpu_busy, others, load = window.close()
     return CapacityResult(
         concurrency=concurrency,
         pairs=pairs,
         seconds=seconds,
         errors=errors,
         first_error=first_error,
+        cpu_busy=cpu_busy,
+        others_cpu_seconds=others,
+        load_after=load,
     )
+
+
+@dataclass
+class CpuWindow:
+    """Per-CPU busy time and the bench's own processes' CPU over a stretch of time: how busy
+    each core was, and what the machine spent on other people's processes meanwhile."""
+
+    busy: dict[int, float]
+    snapshot: CpuSnapshot
+
+    @classmethod
+    def open(cls) -> CpuWindow:
+        return cls(busy_per_cpu(Path("/proc/stat").read_text()), CpuSnapshot.take())
+
+    def close(self) -> tuple[dict[str, float], float, float]:
+        """(busy share per CPU, other processes' CPU seconds, 1-minute load average)."""
+        after = CpuSnapshot.take()
+        busy = busy_per_cpu(Path("/proc/stat").read_text())
+        seconds = after.at - self.snapshot.at
+        ours = cpu_by_role(self.snapshot, after)
+        others = others_cpu(after.machine_busy - self.snapshot.machine_busy, ours)
+        return busy_shares(self.busy, busy, seconds), others, os.getloadavg()[0]
 
 
 def losses_due(registrations_seen: int, ratio: float, total: int) -> int:
@@ -542,11 +654,18 @@ def _admission_rows(workdir: Path) -> list[dict[str, str]]:
 
 
 class RealBench:
-    def __init__(self, bench: Bench, kcp_cluster: Any, progress: Progress) -> None:
+    def __init__(
+        self,
+        bench: Bench,
+        kcp_cluster: Any,
+        progress: Progress,
+        director_cpus: frozenset[int] | None = None,
+    ) -> None:
         self.bench = bench
         self.kcp_cluster = kcp_cluster
         self.progress = progress
         self.director_folder: Path | None = None
+        self.director_cpus = director_cpus  # Director, PostgreSQL, the gateway (None: anywhere)
 
     def start_compass(self, name: str, n: int) -> Any:
         from devenv.real_director import stack as real  # noqa: PLC0415
@@ -555,7 +674,10 @@ class RealBench:
             self.director_folder = real.build_director()
         workdir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.bench.config.workdir))
         compass = real.start_real_compass(
-            workdir, cluster=self.kcp_cluster, director_folder=self.director_folder
+            workdir,
+            cluster=self.kcp_cluster,
+            director_folder=self.director_folder,
+            cpus=self.director_cpus,
         )
         try:
             seed_tenants(compass, n)
@@ -658,6 +780,7 @@ class RealBench:
         compass = await asyncio.to_thread(self.start_compass, "cold-real", n)
         try:
             for concurrency in (plan.broker_concurrency, plan.capacity):
+                self.progress.say(f"measuring Director's capacity at {concurrency} callers")
                 result = await measure_capacity(
                     compass,
                     pairs=pairs,
@@ -678,7 +801,9 @@ class RealBench:
             async with bench.stack(
                 spec, capacity=plan.capacity, target=RealTarget.of(compass)
             ) as run:
+                window = CpuWindow.open()
                 m = await bench._fleet(run, bench.agents(run, tokens), deadline=deadline)
+                cpu_busy, _, load = window.close()
                 calls = call_delta(before, compass.calls())
                 runtimes = await asyncio.to_thread(compass.runtimes, label_key=RUNTIME_ID_LABEL)
                 admission = admission_summary(_admission_rows(run.workdir))
@@ -705,6 +830,9 @@ class RealBench:
                 admission=admission,
                 quartiles=quartiles([t - fleet.started_at for t in fleet.connected_at.values()], n),
                 broker_env=dict(bench.config.broker_env),
+                cpu_busy=cpu_busy,
+                others_cpu_seconds=others_cpu(m.cpu.machine_busy, m.cpu.by_role),
+                load_after=load,
             )
         finally:
             compass.stop()
@@ -736,6 +864,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra broker setting (repeatable), shown in the report",
     )
     add("--keep-workdir", action="store_true", help="keep logs and admission-*.csv")
+    add(
+        "--cpus",
+        default="auto",
+        metavar="auto|none|DIRECTOR/OTHERS",
+        help="CPU placement: Director, PostgreSQL and the gateway on DIRECTOR, the bench, KCP, "
+        "brokers and fleet on OTHERS (e.g. 0/1); auto: the lowest CPU for Director, the rest "
+        "for the others (none with fewer than two CPUs); none: no affinity (default auto)",
+    )
     return parser
 
 
@@ -761,6 +897,12 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
         started=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         load_before=os.getloadavg(),
     )
+    placement: tuple[frozenset[int], frozenset[int]] | None = args.placement
+    if placement is not None:
+        report.cpus = {
+            "Director, PostgreSQL, gateway": cpu_list(placement[0]),
+            "bench, KCP API server, broker, fleet": cpu_list(placement[1]),
+        }
     concurrency = args.broker_concurrency or broker_concurrency_for(args.capacity)
     plan = Plan(
         capacity=args.capacity,
@@ -818,7 +960,9 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
             jwks_template=template,
             progress=progress,
         )
-        real = RealBench(bench, kcp_cluster, progress)
+        real = RealBench(
+            bench, kcp_cluster, progress, director_cpus=placement[0] if placement else None
+        )
         if "lost" in chosen:
             report.lost.append(await real.lost_simulator(args.lost_n))
             save()
@@ -844,7 +988,16 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.placement = split_cpus(os.sched_getaffinity(0), args.cpus)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.placement is not None:
+        # Before any thread or child exists: all of them inherit it (Director's side is
+        # started from a thread moved to its CPUs, devenv/real_director/affinity.py).
+        os.sched_setaffinity(0, args.placement[1])
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="bench-real-out-"))
     workdir = Path(tempfile.mkdtemp(prefix="bench-real-"))
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench import real
 from bench.real import (
     CapacityResult,
@@ -186,3 +188,45 @@ def test_postgres_backends_count_as_one_program() -> None:
         "postgres": 0.1,
     }
     assert real.cpu_by_program(roles) == {"broker": 9.0, "postgres": 1.7}
+
+
+def test_director_gets_the_lowest_cpu_and_the_others_the_rest() -> None:
+    assert real.split_cpus({0, 1}, "auto") == ({0}, {1})
+    assert real.split_cpus({2, 3, 5}, "auto") == ({2}, {3, 5})
+    assert real.split_cpus({0}, "auto") is None  # one CPU: nothing to separate
+    assert real.split_cpus({0, 1}, "none") is None
+    assert real.split_cpus({0, 1, 2, 3}, "1/0,2-3") == ({1}, {0, 2, 3})
+    for bad in ("0", "0/0", "0/4", "x/1"):
+        with pytest.raises(ValueError):
+            real.split_cpus({0, 1, 2, 3}, bad)
+
+
+def test_each_cpu_is_busy_for_what_is_neither_idle_nor_iowait() -> None:
+    stat = (
+        "cpu  300 0 100 900 100 0 0 0 0 0\n"
+        "cpu0 200 0 50 400 50 0 0 0 0 0\n"
+        "cpu1 100 0 50 500 50 0 0 0 0 0\n"
+        "intr 1 2 3\n"
+    )
+    before = real.busy_per_cpu(stat, ticks=100)
+    assert before == {0: 2.5, 1: 1.5}
+    after = {0: 2.5 + 9.0, 1: 1.5 + 2.5}
+    assert real.busy_shares(before, after, 10.0) == {"cpu0": 0.9, "cpu1": 0.25}
+    assert real.busy_shares(before, {0: 20.0, 1: 1.0}, 10.0) == {"cpu0": 1.0, "cpu1": 0.0}
+
+
+def test_others_cpu_is_the_machine_less_the_bench_processes() -> None:
+    assert real.others_cpu(30.0, {"broker": 10.0, "director": 12.5}) == 7.5
+    assert real.others_cpu(10.0, {"broker": 10.5}) == 0.0
+
+
+def test_the_placement_and_each_cores_load_are_in_the_report() -> None:
+    report = a_report()
+    report.cpus = {"Director, PostgreSQL, gateway": "0", "bench, KCP API server, broker": "1"}
+    report.capacity[0].cpu_busy = {"cpu0": 0.97, "cpu1": 0.41}
+    report.capacity[0].others_cpu_seconds = 0.4
+    report.capacity[0].load_after = 2.5
+    md = real.render(report)
+    assert "Director, PostgreSQL, gateway on CPU 0; bench, KCP API server, broker on CPU 1" in md
+    assert "| 10 | 400 | 8.0 | 50.0 | 100.0 | 0 | cpu0 97 % / cpu1 41 % | 0.4 | 2.50 |" in md
+    assert real.to_json(report)["cpus"] == report.cpus
