@@ -12,7 +12,9 @@ What always holds:
   and the leader's periodic check judge with the same function, so they never undo each other;
 - condition `ReportsStale` is `True` once the recorded last report is older than the stale bound,
   and turns `False` again with the next recorded report; it exists only once it was `True`;
-- a Warning Event is due only when one of these two conditions newly says so.
+- a Warning Event is due only when one of these two conditions newly says so;
+- the runtime's free text (`lastError`) reaches the status, a condition or an Event only without
+  control and bidi characters (`text.for_humans`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from control_plane_broker.registration import state
 from control_plane_broker.registration.state import ConnectionRecord, Mapping
+from control_plane_broker.text import for_humans
 
 # The CompassConnection states (status.connectionState), and NotFound when there is none.
 CONNECTED_STATES = frozenset(
@@ -102,7 +105,8 @@ def record_report(mapping: Mapping, report: Report, *, now: float, limits: Limit
         state=report.state,
         connected=connected,
         certificate_not_after=report.certificate_not_after,
-        last_error=report.last_error,
+        # The runtime's own text: stored, shown in a condition and an Event, read in terminals.
+        last_error=for_humans(report.last_error) if report.last_error is not None else None,
         token_sha256=report.token_sha256,
         observed_at=observed,
         last_report_at=now,
@@ -197,14 +201,15 @@ def _connected_condition(
         if record is not None:
             message += f"; the runtime reports {record.state}"
             if record.last_error:
-                message += f": {record.last_error}"
+                message += f": {for_humans(record.last_error)}"
         return False, NOT_CONNECTED_AFTER_TOKEN, message
     if record is None:
         return None
+    # A record written before reports were cleaned may still hold control characters.
     return (
         record.connected,
         record.state,
-        record.last_error or f"the runtime reports {record.state}",
+        for_humans(record.last_error or "") or f"the runtime reports {record.state}",
     )
 
 

@@ -44,6 +44,7 @@ from control_plane_broker.policy import RUNTIME_ID_PATTERN, RUNTIME_ID_RULE
 from control_plane_broker.registration.state import to_rfc3339
 from control_plane_broker.reporting import ConnectionReporter
 from control_plane_broker.retry import Jitter
+from control_plane_broker.text import for_humans
 
 log = logging.getLogger("control_plane_broker.access")
 
@@ -150,7 +151,8 @@ def report_from_body(body: ConnectionReportBody) -> Report:
             if body.certificateNotAfter is not None
             else None
         ),
-        last_error=body.lastError,
+        # Shown to operators in status, condition and Event: no terminal control, no bidi.
+        last_error=for_humans(body.lastError) if body.lastError is not None else None,
         token_sha256=body.tokenSha256,
     )
 

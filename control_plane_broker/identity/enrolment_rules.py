@@ -236,8 +236,8 @@ def event_message(step: AwaitApproval, *, namespace: str, name: str) -> str:
     # by an operator or an older broker, and an operator may copy it into a command.
     pending = step.presented if step.record else step.enrolment.pending
     changed = (
-        f" (the approved issuer is {_quoted(step.enrolment.approved)}; a changed issuer needs a new "
-        "approval)"
+        f" (the approved issuer is {_quoted(step.enrolment.approved)}; a changed issuer needs "
+        "a new approval)"
         if step.enrolment.approved
         else ""
     )
@@ -248,10 +248,11 @@ def event_message(step: AwaitApproval, *, namespace: str, name: str) -> str:
             "Check with the cluster's owner that it is their cluster's issuer, then: "
             + approve_command(namespace=namespace, name=name, issuer=step.presented)
         )
+    placeholder = approve_command(namespace=namespace, name=name, issuer="<issuer>")
     return (
         f"ServiceAccount issuer {_quoted(step.presented)} asks to be enrolled for this runtime, "
-        f"but issuer {_quoted(pending)} is already pending{changed}. Approve the one the cluster's owner "
-        f"confirms ({approve_command(namespace=namespace, name=name, issuer='<issuer>')}), "
+        f"but issuer {_quoted(pending)} is already pending{changed}. Approve the one the "
+        f"cluster's owner confirms ({placeholder}), "
         f"or clear the pending one: {clear_command(namespace=namespace, name=name)}"
     )
 

@@ -1,7 +1,8 @@
 """Events about a Kyma in KCP (registration, token issue, unregistration, failures).
 
 A thin adapter over `kubeapi.EventRecorder`, which aggregates repeats (count + lastTimestamp)
-and never raises. Messages are written by the broker itself and never contain tokens.
+and never raises. Messages are written by the broker itself and never contain tokens; control
+and bidi characters are dropped from them (`text.for_humans`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 import logging
 
 from control_plane_broker.model import KYMA_GROUP, KYMA_VERSION
+from control_plane_broker.text import for_humans
 from kubeapi import EventRecorder, ObjectRef
 
 log = logging.getLogger(__name__)
@@ -60,5 +62,7 @@ class KymaEvents:
             ),
             type_="Warning" if warning else "Normal",
             reason=reason,
-            message=message,
+            # Messages quote runtimes' own text (a report's error, an issuer): whatever a
+            # caller sent, no control or bidi character reaches an operator's terminal.
+            message=for_humans(message),
         )

@@ -3,14 +3,18 @@ written for a report, when nothing is written, and how stale and stuck runtimes 
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from control_plane_broker import connection
 from control_plane_broker.connection import Change, Limits, Report, check, fleet, record_report
 from control_plane_broker.registration import state
 from control_plane_broker.registration.state import Mapping
+from control_plane_broker.text import for_humans
 
 LIMITS = Limits(refresh_seconds=3600, stale_seconds=7200, connect_deadline_seconds=900)
 T0 = 1_800_000_000.0  # 2027-01-15
@@ -310,3 +314,63 @@ def test_reports_within_one_second_are_ordered_by_their_microseconds() -> None:
     assert m.raw["status"]["connection"]["observedAt"] == "2027-01-15T08:00:00.750000Z"
     older = report("Connected", at=T0 + 0.5)
     assert record_report(m, older, now=T0 + 1, limits=LIMITS) is None
+
+
+# --- free text from runtimes reaches people without terminal controls ----------------------------
+
+HOSTILE = (
+    "dial \x1b[2J\x1b]0;pwned\x07tcp\r\n\u202eexe.txt\u2066x\u2069\u200b\x00\x7f\x9b31m: refused"
+)
+
+
+def _clean(text: str) -> bool:
+    return not any(
+        ch in text
+        for ch in ("\x1b", "\x07", "\r", "\n", "\u202e", "\u2066", "\u2069", "\u200b", "\x00")
+    ) and all(ch.isprintable() for ch in text)
+
+
+def test_a_reports_error_is_stored_and_shown_without_control_or_bidi_characters() -> None:
+    after = applied(
+        mapping(),
+        record_report(
+            mapping(), report("ConnectionFailed", last_error=HOSTILE), now=T0, limits=LIMITS
+        ),
+    )
+    stored = after.raw["status"]["connection"]["lastError"]
+    assert _clean(stored)
+    assert "dial" in stored
+    assert "refused" in stored
+    assert "exe.txt" in stored
+    condition = cond(after, "Connected")
+    assert condition is not None
+    assert _clean(condition["message"])
+
+
+def test_an_error_recorded_before_cleaning_is_cleaned_in_the_condition_and_the_event() -> None:
+    # A mapping written by an older broker: its stored error is not trusted either.
+    old = mapping(
+        {
+            "connection": {
+                "state": "ConnectionFailed",
+                "connected": False,
+                "lastError": HOSTILE,
+                "lastReportAt": state.to_rfc3339(T0),
+                "observedAt": state.to_rfc3339(T0),
+            },
+            "lastTokenIssuedAt": state.to_rfc3339(T0),
+        }
+    )
+    change = check(old, now=T0 + LIMITS.connect_deadline_seconds + 1, limits=LIMITS)
+    assert change is not None
+    assert change.events
+    assert all(_clean(tell.message) for tell in change.events)
+    assert all(_clean(c["message"]) for c in change.status["conditions"])
+
+
+@given(st.text())
+def test_text_for_humans_keeps_nothing_a_terminal_acts_on(text: str) -> None:
+    out = for_humans(text)
+    assert all(ch.isprintable() or ch == " " for ch in out)
+    assert not any(unicodedata.category(ch) in {"Cc", "Cf", "Zl", "Zp", "Cs"} for ch in out)
+    assert for_humans(out) == out

@@ -27,6 +27,7 @@ PURE = [
     "director/admission.py",
     "connection.py",
     "revocation.py",
+    "text.py",
 ]
 FORBIDDEN = (
     "httpx",
@@ -87,6 +88,7 @@ LAYERS: dict[str, int] = {
             "supervisor",  # keeps tasks running; decides nothing about runtimes
             "connection",
             "revocation",
+            "text",
         ],
         0,
     ),
