@@ -33,13 +33,14 @@ def parse_cpus(spec: str) -> frozenset[int]:
 
 
 def checked(cpus: Iterable[int] | None) -> frozenset[int] | None:
-    """`cpus` when this process may run on all of them, else ValueError naming the ones it may."""
+    """`cpus` when the machine has all of them, else ValueError naming the ones it has. (Not the
+    caller's own affinity: a benchmark keeps itself off the CPUs it gives the stack.)"""
     if cpus is None:
         return None
     wanted = frozenset(cpus)
-    allowed = os.sched_getaffinity(0)
-    if not wanted or not wanted <= allowed:
-        raise ValueError(f"CPUs {sorted(wanted)} are not all among the usable {sorted(allowed)}")
+    machine = frozenset(range(os.cpu_count() or 1))
+    if not wanted or not wanted <= machine:
+        raise ValueError(f"CPUs {sorted(wanted)} are not all among the usable {sorted(machine)}")
     return wanted
 
 

@@ -21,12 +21,20 @@ def test_cpu_lists_parse_as_taskset_writes_them() -> None:
             parse_cpus(bad)
 
 
-def test_only_usable_cpus_are_accepted() -> None:
-    usable = os.sched_getaffinity(0)
+def test_only_the_machines_cpus_are_accepted_also_those_the_caller_left() -> None:
+    machine = set(range(os.cpu_count() or 1))
     assert checked(None) is None
-    assert checked(usable) == usable
+    assert checked(machine) == machine
     with pytest.raises(ValueError, match="usable"):
-        checked({max(usable) + 1})
+        checked({max(machine) + 1})
+    with pytest.raises(ValueError):
+        checked(set())
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {max(before)})
+    try:
+        assert checked({min(machine)}) == {min(machine)}
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _affinity_of_child() -> set[int]:
