@@ -6,6 +6,7 @@ A `KymaView` is immutable; everything downstream decides on it, never on raw JSO
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 LABEL_RUNTIME_ID = "kyma-project.io/runtime-id"
@@ -34,6 +35,7 @@ class KymaView:
     deleting: bool = False
     spec_modules: frozenset[str] = frozenset()
     status_modules: frozenset[str] = frozenset()
+    created_at: float | None = None  # metadata.creationTimestamp, epoch seconds
 
     @property
     def runtime_id(self) -> str:
@@ -61,4 +63,14 @@ class KymaView:
             status_modules=frozenset(
                 str(m.get("name")) for m in status.get("modules") or [] if isinstance(m, dict)
             ),
+            created_at=_epoch(meta.get("creationTimestamp")),
         )
+
+
+def _epoch(stamp: object) -> float | None:
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except (ValueError, OverflowError):
+        return None

@@ -2,6 +2,11 @@
 judges every runtime's connection health periodically (stale reports, no connection after a
 token: `connection.check`, written only on change).
 
+A mapping is bookkeeping, not the runtime: deleting it while its Kyma exists does not unregister
+the runtime. The leader lets the deletion go and records the runtime again on a new mapping
+(re-adopted, if Director still has it). Dropping a runtime from Compass while its Kyma exists is
+an explicit operator action: the annotation `compass-broker.kyma-project.io/unregister`.
+
 Level-based: a watch event (Kyma or mapping) or the periodic sweep only queues a Kyma name;
 reconciling plans on the watch-fed views (`plan` is pure) and, before it acts, re-reads the
 mapping from the API server and plans again, so nothing is unregistered on a stale view. Several
@@ -50,7 +55,12 @@ CHECK_BATCH = 200  # mappings judged between two yields to the event loop
 
 @dataclass(frozen=True)
 class Unregister:
-    reason: str  # kyma-deleted | mapping-deleted | module-disabled
+    reason: str  # kyma-deleted | module-disabled | operator
+
+
+@dataclass(frozen=True)
+class Release:
+    """The mapping is being deleted while its Kyma lives: let it go, keep the runtime."""
 
 
 @dataclass(frozen=True)
@@ -69,10 +79,10 @@ class Nothing:
     pass
 
 
-Action = Unregister | SyncLabels | Requeue | Nothing
+Action = Unregister | Release | SyncLabels | Requeue | Nothing
 
 
-def plan(
+def plan(  # noqa: PLR0911 - the ordered rules
     mapping: Mapping,
     kyma: KymaView | None,
     *,
@@ -84,10 +94,12 @@ def plan(
 ) -> Action:
     if mapping.claim_holder and (mapping.claim_expires or 0.0) > now:
         return Requeue(after=(mapping.claim_expires or now) - now + 0.5)
-    if mapping.deleting:
-        return Unregister("mapping-deleted")
     if kyma is None or kyma.deleting:
         return Unregister("kyma-deleted")
+    if mapping.unregister is not None:
+        return Unregister("operator")
+    if mapping.deleting:
+        return Release()
     if module_required and disabled_policy == "unregister" and not module_enabled(kyma, module):
         return Unregister("module-disabled")
     if mapping.compass_id and desired_labels is not None:
@@ -237,6 +249,7 @@ class Reconciler:
     async def reconcile(self, name: str) -> None:
         viewed = self._mappings.get(name)
         if viewed is None:
+            await self._readopt(name)
             return
         match self._plan(viewed):
             case Nothing():
@@ -292,6 +305,9 @@ class Reconciler:
                         what=f"unregister ({reason})",
                     )
                     raise
+            case Release():
+                # The deletion goes on; the mapping's disappearance brings `_readopt`.
+                await self._remove(mapping)
             case SyncLabels(changes=changes, desired=desired_now):
                 try:
                     await self._sync_labels(mapping, kyma, changes, desired_now)
@@ -329,6 +345,53 @@ class Reconciler:
             mapping=mapping,
             what=what,
         )
+
+    async def _readopt(self, name: str) -> None:
+        """A mapping seen to go (deleted, or force-deleted by an operator) while its Kyma lives:
+        the runtime it recorded is found in Director and recorded on a new mapping, so the Kyma's
+        deletion later unregisters it (no orphan). Nothing found: it was never registered, and
+        its next token request looks it up before registering."""
+        kyma = self._cache.get(name)
+        if kyma is None or kyma.deleting or not kyma.tenant:
+            return
+        if not self._registration.vanished(name) or self._mappings.get(name) is not None:
+            return
+        found = await self._registration.find(kyma, kyma.tenant)
+        if found is None:
+            return
+        try:
+            await self._repo.create(
+                state.adopted_mapping(kyma, namespace=self._s.kcp_namespace, compass_id=found.id)
+            )
+        except Conflict:
+            return  # a token request recorded it first
+        log.info(
+            "mapping gone, runtime adopted again", extra={"kyma": name, "compass_id": found.id}
+        )
+        await self._events.record(
+            kyma_name=name,
+            kyma_uid=kyma.uid,
+            reason="MappingReplaced",
+            message=f"the mapping was deleted while the Kyma exists: Compass runtime {found.id} "
+            f"is kept and recorded on a new mapping (to drop a runtime from Compass, annotate its "
+            f"mapping with {state.ANNOTATION_UNREGISTER})",
+        )
+
+    async def _remove(self, mapping: Mapping) -> None:
+        """Takes our finalizer off and deletes the mapping (both with the version read)."""
+        current = mapping
+        for _ in range(5):
+            try:
+                if state.FINALIZER in current.finalizers:
+                    current = await self._repo.replace(state.without_finalizer(current))
+                await self._repo.delete(mapping.name)
+                return
+            except Conflict:
+                fresh = await self._repo.get(mapping.name)
+                if fresh is None:
+                    return
+                current = fresh
+        raise Conflict("mapping kept changing while removing it")
 
     async def _unregister(self, mapping: Mapping, kyma: KymaView | None, reason: str) -> None:
         tenant = mapping.tenant or (kyma.tenant if kyma else None)
@@ -370,19 +433,7 @@ class Reconciler:
             reason="RuntimeUnregistered",
             message=f"unregistered from Compass ({reason})",
         )
-        current = mapping
-        for _ in range(5):
-            try:
-                if state.FINALIZER in current.finalizers:
-                    current = await self._repo.replace(state.without_finalizer(current))
-                await self._repo.delete(mapping.name)
-                return
-            except Conflict:
-                fresh = await self._repo.get(mapping.name)
-                if fresh is None:
-                    return
-                current = fresh
-        raise Conflict("mapping kept changing while removing it")
+        await self._remove(mapping)
 
     async def _sync_labels(
         self,

@@ -167,6 +167,7 @@ async def run(  # noqa: PLR0915
         metrics=metrics,
         me=me,
         clock=wall,
+        watch=mappings,
         after_register=after_register,
     )
 

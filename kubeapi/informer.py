@@ -19,6 +19,9 @@ Always holds:
   empty, synced collection, and the informer keeps looking with the same backoff.
 - `last_contact` is the monotonic time of the last successful list, event or bookmark, so a
   caller can tell a quiet collection from a stale one.
+- `listed_at` is the wall-clock time the last list's answer arrived: every object that existed
+  at any moment since then passed through the store (created, changed or deleted), so a caller
+  can tell "never existed" from "existed before we looked".
 - `metadata.managedFields` is dropped before `parse` (as client-go's informers may): nobody
   here reads it, it is often the largest part of an object, and an update that omits it leaves
   the server's copy as it was.
@@ -83,10 +86,12 @@ class Informer(Generic[T]):
         timeout_seconds: int = 300,
         min_watch_seconds: float = 1.0,
         clock: Clock = time.monotonic,
+        wall: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.name = name
         self.relists = 0
+        self.listed_at: float | None = None
         self.missed_deletions = 0
         self.last_contact: float | None = None
         self._events = 0  # seen over the informer's life: tells a stuck 410 loop from progress
@@ -100,6 +105,7 @@ class Informer(Generic[T]):
         self._timeout_seconds = timeout_seconds
         self._min_watch = min_watch_seconds
         self._clock = clock
+        self._wall = wall
         self._sleep = sleep
         self._items: dict[str, T] = {}
         # Every named object seen, parsed or not: what a re-list is compared with.
@@ -233,6 +239,7 @@ class Informer(Generic[T]):
     def _kind_missing(self) -> None:
         # Nothing of an uninstalled kind exists: an empty store, known for certain.
         self.last_contact = self._clock()
+        self.listed_at = self._wall()
         self._replace_all([])
         if not self._synced.is_set():
             log.info("kind not installed, counted as empty", extra={"informer": self.name})
@@ -243,6 +250,7 @@ class Informer(Generic[T]):
             self._path, field_selector=self._field_selector, label_selector=self._label_selector
         )
         self.last_contact = self._clock()
+        self.listed_at = self._wall()
         self._replace_all(listing.items)
         self.relists += 1
         self._synced.set()

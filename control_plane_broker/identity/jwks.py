@@ -16,6 +16,7 @@ RS256 and ES256 only; iss, aud, exp, nbf checked. No call per request once keys 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -26,6 +27,7 @@ from typing import Any
 import httpx
 import jwt
 
+from control_plane_broker.capped import KIB, BodyTooLarge, read_capped
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
 from control_plane_broker.identity import claims, enrolment_rules
 from control_plane_broker.identity.claims import Identity
@@ -38,6 +40,16 @@ log = logging.getLogger(__name__)
 ALGORITHMS = ["RS256", "ES256"]
 MAX_VERDICTS = 20_000
 JWKS_ACCEPT = "application/jwk-set+json, application/json"  # the API server refuses plain JSON
+# A discovery document is well under 2 KiB and a key set of a few keys a few KiB: an answer
+# beyond this is refused unread (a 64 MiB document took the broker over its memory limit).
+MAX_ISSUER_BODY_BYTES = 256 * KIB
+
+
+def _too_large(exc: BodyTooLarge) -> ControlPlaneUnavailable:
+    log.warning("issuer answer refused", extra={"problem": str(exc)})
+    return ControlPlaneUnavailable(
+        f"the issuer's answer is larger than {exc.limit} bytes", retry_after=30
+    )
 
 
 @dataclass
@@ -89,16 +101,16 @@ class JwksVerifier:
         try:
             if self._issuer_url:
                 issuer = self._issuer_url.format(runtime_id=runtime_id)
-                response = await self._http.get(
-                    issuer.rstrip("/") + "/openid/v1/jwks", headers={"Accept": JWKS_ACCEPT}
+                jwks: Any = await self._get_json(
+                    issuer.rstrip("/") + "/openid/v1/jwks", accept=JWKS_ACCEPT
                 )
-                response.raise_for_status()
-                jwks: Any = response.json()
             else:
                 client = await self._access.client_for(runtime_id)
                 discovery = await client.get("/.well-known/openid-configuration")
                 issuer = str(discovery["issuer"])
                 jwks = await client.get("/openid/v1/jwks", accept=JWKS_ACCEPT)
+        except BodyTooLarge as exc:
+            raise _too_large(exc) from None
         except (httpx.HTTPError, KubeError, KeyError, ValueError) as exc:
             raise ControlPlaneUnavailable(
                 "cannot fetch the runtime's issuer keys", retry_after=5
@@ -109,24 +121,31 @@ class JwksVerifier:
         """An enrolled issuer's keys, found by its OIDC discovery document (redirects are not
         followed: the approved origin answers itself)."""
         try:
-            response = await self._http.get(
-                enrolment_rules.discovery_url(issuer), headers={"Accept": "application/json"}
+            document = await self._get_json(
+                enrolment_rules.discovery_url(issuer), accept="application/json"
             )
-            response.raise_for_status()
-            jwks_uri = enrolment_rules.jwks_uri_from_discovery(issuer, response.json())
-            response = await self._http.get(jwks_uri, headers={"Accept": JWKS_ACCEPT})
-            response.raise_for_status()
-            jwks: Any = response.json()
+            jwks_uri = enrolment_rules.jwks_uri_from_discovery(issuer, document)
+            jwks: Any = await self._get_json(jwks_uri, accept=JWKS_ACCEPT)
         except enrolment_rules.DiscoveryInvalid as exc:
             log.warning("enrolled issuer unusable", extra={"issuer": issuer, "problem": str(exc)})
             raise ControlPlaneUnavailable(
                 f"the approved issuer's discovery document is unusable: {exc}", retry_after=30
             ) from exc
+        except BodyTooLarge as exc:
+            raise _too_large(exc) from None
         except (httpx.HTTPError, ValueError) as exc:
             raise ControlPlaneUnavailable(
                 "cannot fetch the approved issuer's keys", retry_after=5
             ) from exc
         return self._parsed(issuer, jwks)
+
+    async def _get_json(self, url: str, *, accept: str) -> Any:
+        """An issuer's JSON answer, at most `MAX_ISSUER_BODY_BYTES` (`BodyTooLarge`, a
+        ValueError, beyond: the fetch fails like any unusable answer)."""
+        async with self._http.stream("GET", url, headers={"Accept": accept}) as response:
+            response.raise_for_status()
+            raw = await read_capped(response, MAX_ISSUER_BODY_BYTES, what="issuer")
+        return json.loads(raw)
 
     def _parsed(self, issuer: str, jwks: Any) -> _Keys:
         keys: dict[str, jwt.PyJWK] = {}

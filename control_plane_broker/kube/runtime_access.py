@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 KUBECONFIG_DATA_KEY = "config"
 NEGATIVE_SECONDS = 10.0  # a missing or broken Secret is read again after this long
+RUNTIME_MAX_BODY_BYTES = 1 << 20
 
 OnInvalid = Callable[[str, str], Awaitable[None]]  # (runtime ID, what is wrong)
 
@@ -168,6 +169,9 @@ class RuntimeAccess:
             timeout=self._timeout,
             max_connections=16,
             transport=self._transport,
+            # A TokenReview, a discovery document or a key set: a few KiB. A runtime's API
+            # server is the runtime owner's (BYOC: wholly), so its answers are capped too.
+            max_body_bytes=RUNTIME_MAX_BODY_BYTES,
         )
         self._clusters[key] = client
         while len(self._clusters) > self._max_clusters:

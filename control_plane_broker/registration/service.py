@@ -3,14 +3,17 @@
 Order that makes it exactly-once (see `state` for the invariants):
 claim the mapping → register → record the Compass runtime ID on the mapping (and release the
 claim) before anything else uses it. Director is searched first (by our label, then by
-compass-manager's) only where an earlier attempt may have registered the runtime:
+compass-manager's) unless nobody can have registered the runtime:
 
-- a mapping this process *created* had no holder before us, and we register nothing without
-  holding the claim, so nobody can have registered this Kyma as long as every attempt of ours
-  failed before its request left (no access token, no connection, the breaker) and the claim
-  still names us when we take it again after it lapsed (every taker writes its own name): no
-  lookup (the hot path of a new runtime costs exactly `registerRuntime`, also after an outage
-  longer than the claim);
+- a mapping this process *created* for a Kyma that is certainly new (`state.certainly_new`:
+  created after our mapping watch listed, and no mapping of that name seen to go) had no
+  registration behind it, and we register nothing without holding the claim, so nobody can have
+  registered this Kyma as long as every attempt of ours failed before its request left (no
+  access token, no connection, the breaker) and the claim still names us when we take it again
+  after it lapsed (every taker writes its own name): no lookup (the hot path of a new runtime
+  costs exactly `registerRuntime`, also after an outage longer than the claim). A missing
+  mapping alone proves nothing: an operator may have force-deleted it, and a broker that
+  restarted since did not see that;
 - a mapping that existed without a Compass ID (compass-manager creates its mapping before it
   registers; a broker that crashed or lost Director's answer leaves its claim) may have a
   registration behind it: it is looked up before registering.
@@ -70,6 +73,21 @@ class MappingReader(Protocol):
     def get(self, name: str) -> Mapping | None: ...
 
 
+class MappingWatch(MappingReader, Protocol):
+    """The mapping informer, as `certainly_new` needs it: when it last listed (wall clock),
+    and a listener for every name that changed."""
+
+    @property
+    def listed_at(self) -> float | None: ...
+
+    def add_listener(self, listener: Callable[[str], None], /) -> None: ...
+
+
+# Names of mappings seen to go, kept to tell a force-deleted mapping from one that never was.
+# When it overflows, it starts over and nothing created before that moment counts as new.
+MAX_VANISHED = 50_000
+
+
 @dataclass(frozen=True)
 class Registered:
     compass_id: str
@@ -95,8 +113,11 @@ class RegistrationService:
         metrics: Metrics,
         me: str,
         clock: Callable[[], float],
+        watch: MappingWatch | None = None,
         after_register: Hook | None = None,
     ) -> None:
+        """`watch`: the mapping informer (usually the same object as `cache`). Without it no
+        runtime counts as certainly new: every registration is looked up first."""
         self._settings = settings
         self._repo = repo
         self._cache = cache
@@ -111,6 +132,27 @@ class RegistrationService:
         self._unregistered: set[str] = set()
         # Tests use this to stop the process between Director and KCP (crash tests).
         self._after_register = after_register
+        self._watch = watch
+        self._vanished: set[str] = set()
+        self._vanished_since = 0.0
+        if watch is not None:
+            watch.add_listener(self._observe)
+
+    def _observe(self, name: str) -> None:
+        if self._cache.get(name) is not None:
+            return
+        if len(self._vanished) >= MAX_VANISHED:
+            self._vanished.clear()
+            self._vanished_since = self._clock()
+        self._vanished.add(name)
+
+    def _certainly_new(self, kyma: KymaView) -> bool:
+        listed_at = self._watch.listed_at if self._watch is not None else None
+        return state.certainly_new(
+            created_at=kyma.created_at,
+            watched_since=None if listed_at is None else max(listed_at, self._vanished_since),
+            vanished=kyma.name in self._vanished,
+        )
 
     def refused(self, kyma: KymaView) -> CompassTenantUnknown | None:
         """Director's remembered refusal of this Kyma's tenants, while it stands (watch-fed
@@ -220,19 +262,7 @@ class RegistrationService:
                     await asyncio.sleep(0.2)
                     mapping = await self._repo.get(kyma.name)
                 case state.CreateClaimed():
-                    try:
-                        mapping = await self._repo.create(
-                            state.new_mapping(
-                                kyma,
-                                namespace=s.kcp_namespace,
-                                me=self._me,
-                                now=now,
-                                claim_seconds=s.registration_claim_seconds,
-                            )
-                        )
-                        self._unregistered.add(kyma.name)
-                    except Conflict:  # someone else created it: decide again on what is there
-                        mapping = await self._repo.get(kyma.name)
+                    mapping = await self._create_claimed(kyma, now)
                 case state.TakeClaim():
                     assert mapping is not None
                     # A claim that lapsed may have been taken and used by another replica
@@ -262,10 +292,58 @@ class RegistrationService:
                     return Registered(compass_id, tenant, outcome, labels, mapping=recorded)
         raise RegistrationBusy("registration did not settle", retry_after=1)
 
+    async def _create_claimed(self, kyma: KymaView, now: float) -> Mapping | None:
+        s = self._settings
+        try:
+            mapping = await self._repo.create(
+                state.new_mapping(
+                    kyma,
+                    namespace=s.kcp_namespace,
+                    me=self._me,
+                    now=now,
+                    claim_seconds=s.registration_claim_seconds,
+                )
+            )
+        except Conflict:  # someone else created it: decide again on what is there
+            return await self._repo.get(kyma.name)
+        if self._certainly_new(kyma):
+            self._unregistered.add(kyma.name)
+        return mapping
+
     def _claim(self, mapping: Mapping, now: float) -> dict[str, object]:
         return state.claimed(
             mapping, me=self._me, now=now, claim_seconds=self._settings.registration_claim_seconds
         )
+
+    async def find(self, kyma: KymaView, tenant: str) -> DirectorRuntime | None:
+        """The Director runtime registered for this Kyma, if any: by our label, then by
+        compass-manager's `gardenerClusterName`; of several, the smallest ID."""
+        s = self._settings
+        shoot = kyma.labels.get(LABEL_SHOOT)
+        try:
+            ours = await self._director.runtimes_by_label(
+                tenant=tenant, key=s.runtime_id_label, value=kyma.runtime_id
+            )
+            legacy = []
+            if not ours and shoot:
+                legacy = await self._director.runtimes_by_label(
+                    tenant=tenant, key="gardenerClusterName", value=shoot
+                )
+        except DirectorTenantUnknown as exc:
+            raise tenant_unknown(LABEL_GLOBAL_ACCOUNT, tenant, kyma) from exc
+        match state.after_lookup([r.id for r in ours], [r.id for r in legacy]):
+            case state.Record(compass_id=compass_id, duplicates=duplicates):
+                if duplicates:
+                    log.warning(
+                        "several Director runtimes for one Kyma; using the first",
+                        extra={"kyma": kyma.name, "compass_ids": list(duplicates)},
+                    )
+                return next(r for r in (*ours, *legacy) if r.id == compass_id)
+        return None
+
+    def vanished(self, name: str) -> bool:
+        """Was a mapping of this name seen to go (deleted or force-deleted)?"""
+        return name in self._vanished
 
     async def _find_or_register(
         self, kyma: KymaView, tenant: str, *, lookup: bool
@@ -277,28 +355,9 @@ class RegistrationService:
             kyma, managed_by=s.managed_by_label_value, runtime_id_label=s.runtime_id_label
         )
         if lookup:
-            try:
-                ours = await self._director.runtimes_by_label(
-                    tenant=tenant, key=s.runtime_id_label, value=kyma.runtime_id
-                )
-                legacy = []
-                if not ours and shoot:
-                    legacy = await self._director.runtimes_by_label(
-                        tenant=tenant, key="gardenerClusterName", value=shoot
-                    )
-            except DirectorTenantUnknown as exc:
-                raise tenant_unknown(LABEL_GLOBAL_ACCOUNT, tenant, kyma) from exc
-            match state.after_lookup([r.id for r in ours], [r.id for r in legacy]):
-                case state.Record(compass_id=compass_id, duplicates=duplicates):
-                    if duplicates:
-                        log.warning(
-                            "several Director runtimes for one Kyma; using the first",
-                            extra={"kyma": kyma.name, "compass_ids": list(duplicates)},
-                        )
-                    found = next(r for r in (*ours, *legacy) if r.id == compass_id)
-                    return compass_id, "found", labels_held(found, wanted=labels)
-                case state.Register():
-                    pass
+            found = await self.find(kyma, tenant)
+            if found is not None:
+                return found.id, "found", labels_held(found, wanted=labels)
         spec = RuntimeRegisterInput(
             name=naming.derive_name(shoot_name=shoot, runtime_id=kyma.runtime_id),
             description=f"Kyma runtime {kyma.runtime_id}",

@@ -43,6 +43,11 @@ ANNOTATION_REGISTERED_LABELS = "compass-broker.kyma-project.io/registered-labels
 ANNOTATION_ISSUER_APPROVED = "compass-broker.kyma-project.io/issuer-approved"
 ANNOTATION_ISSUER_PENDING = "compass-broker.kyma-project.io/issuer-pending"
 ANNOTATION_ISSUER_PENDING_SINCE = "compass-broker.kyma-project.io/issuer-pending-since"
+# Set by an operator: the explicit way to drop a runtime from Compass while its Kyma exists. The
+# leader unregisters it and removes the mapping (deleting the mapping alone does not unregister).
+# The value is the operator's reason. Without revocation or the module disabled, the runtime's next
+# token request registers it anew.
+ANNOTATION_UNREGISTER = "compass-broker.kyma-project.io/unregister"
 # Set by an operator (`kubectl annotate`, RBAC decides who may): the runtime gets no token and its
 # reports are refused; the value is the operator's reason, shown to the runtime. Never written by
 # the broker.
@@ -205,6 +210,7 @@ class Mapping:
     connection: ConnectionRecord | None = None
     last_token_issued_at: float | None = None
     tenant_refusal: TenantRefusal | None = None
+    unregister: str | None = None  # the operator's reason ("" counts: the annotation asks)
 
     @property
     def raw(self) -> dict[str, Any]:
@@ -239,6 +245,11 @@ class Mapping:
             connection=ConnectionRecord.parse(status.get("connection")),
             last_token_issued_at=from_rfc3339(_text(status.get("lastTokenIssuedAt"))),
             tenant_refusal=TenantRefusal.parse(status.get("compassRefusal")),
+            unregister=(
+                str(annotations[ANNOTATION_UNREGISTER])
+                if ANNOTATION_UNREGISTER in annotations
+                else None
+            ),
         )
 
 
@@ -329,6 +340,26 @@ def after_lookup(ours: list[str], legacy: list[str]) -> Register | Record:
     return Register()
 
 
+# Clock skew allowed between the broker and the API server, plus the second that
+# creationTimestamp truncates away.
+SKEW_SECONDS = 2.0
+
+
+def certainly_new(*, created_at: float | None, watched_since: float | None, vanished: bool) -> bool:
+    """Can nobody have registered this Kyma? Yes when no mapping of it can have existed
+    without us seeing it: every registrar (this broker, compass-manager) creates the mapping
+    before it registers; the Kyma was created after our mapping watch last listed (so any
+    mapping of it since passed through the watch), and no mapping of that name was seen to go
+    (deleted, or force-deleted by an operator). Otherwise the runtime is looked up in Director
+    before it is registered."""
+    return (
+        created_at is not None
+        and watched_since is not None
+        and created_at > watched_since + SKEW_SECONDS
+        and not vanished
+    )
+
+
 def safe_to_register(*, claim_expires: float, now: float, call_budget: float) -> bool:
     """Register only if the claim outlives the call: an expired claim lets another replica in."""
     return claim_expires - now > call_budget
@@ -348,6 +379,14 @@ def new_mapping(
             ANNOTATION_EXPIRES: to_rfc3339(now + claim_seconds),
         },
     )
+
+
+def adopted_mapping(kyma: KymaView, *, namespace: str, compass_id: str) -> dict[str, Any]:
+    """A mapping recording a Compass runtime Director still holds: what a mapping deleted while
+    its Kyma exists is replaced with."""
+    obj = _mapping_object(kyma, namespace=namespace, annotations={})
+    obj["metadata"]["labels"][LABEL_COMPASS_ID] = compass_id
+    return obj
 
 
 def new_pending_mapping(

@@ -286,6 +286,7 @@ async def plant(
         metrics=metrics,
         me="chaos",
         clock=time.time,
+        watch=mappings,
     )
     parts = Plant(
         kcp_ns,

@@ -4,6 +4,7 @@ transitions, policy, problems, error classification, reconcile plan."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 
 import pytest
@@ -24,7 +25,14 @@ from control_plane_broker.identity import claims
 from control_plane_broker.model import KymaView
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import BucketPolicy, take
-from control_plane_broker.reconciler import Nothing, Requeue, SyncLabels, Unregister, plan
+from control_plane_broker.reconciler import (
+    Nothing,
+    Release,
+    Requeue,
+    SyncLabels,
+    Unregister,
+    plan,
+)
 from control_plane_broker.registration import naming, state
 from control_plane_broker.retry import backoff, retry_after_seconds
 from observability.logs import redact
@@ -622,11 +630,25 @@ _AC = frozenset({"application-connector"})
             "keep",
             Unregister("kyma-deleted"),
         ),
+        # A mapping deleted while its Kyma lives is let go; the runtime stays in Compass.
         (
             _mapping(compass_id="c", deleting=True),
             KymaView("rt-1", "n", "u", "1", GA, spec_modules=_AC),
             "keep",
-            Unregister("mapping-deleted"),
+            Release(),
+        ),
+        (
+            _mapping(compass_id="c", deleting=True),
+            KymaView("rt-1", "n", "u", "1", GA, deleting=True, spec_modules=_AC),
+            "keep",
+            Unregister("kyma-deleted"),
+        ),
+        # Dropping a runtime from Compass is an explicit operator action.
+        (
+            dataclasses.replace(_mapping(compass_id="c"), unregister="moved to another landscape"),
+            KymaView("rt-1", "n", "u", "1", GA, spec_modules=_AC),
+            "keep",
+            Unregister("operator"),
         ),
         (_mapping(holder="x", expires=200), None, "keep", Requeue(after=100.5)),
         (

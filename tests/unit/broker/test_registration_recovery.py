@@ -173,3 +173,34 @@ def test_registration_refusals_that_name_the_kymas_tenants(
     assert (refusal.label, refusal.value) == (label, value)
     assert label in str(refusal)
     assert repr(value) in str(refusal)
+
+
+@pytest.mark.parametrize(
+    ("created_at", "watched_since", "vanished", "new"),
+    [
+        (NOW + 60, NOW, False, True),  # created while we watched, never seen to go
+        (NOW + 60, NOW, True, False),  # its mapping was deleted (force-deleted) meanwhile
+        (NOW - 60, NOW, False, False),  # existed before we looked: a mapping may have been
+        (NOW + 1, NOW, False, False),  # within the clock skew: not certain
+        (None, NOW, False, False),
+        (NOW + 60, None, False, False),  # the watch has not listed yet
+    ],
+)
+def test_a_runtime_is_certainly_new_only_if_no_mapping_of_it_can_have_gone_unseen(
+    created_at: float | None, watched_since: float | None, vanished: bool, new: bool
+) -> None:
+    assert (
+        state.certainly_new(created_at=created_at, watched_since=watched_since, vanished=vanished)
+        is new
+    )
+
+
+def test_the_unregister_annotation_is_read_and_an_adopted_mapping_records_the_runtime() -> None:
+    obj = state.adopted_mapping(kyma(), namespace="kcp-system", compass_id="c-1")
+    adopted = state.Mapping.from_object(obj)
+    assert adopted.compass_id == "c-1"
+    assert adopted.finalizers == (state.FINALIZER,)
+    assert adopted.unregister is None
+    assert state.decide(adopted, me="b", now=NOW) == state.Adopt("c-1")
+    obj["metadata"]["annotations"][state.ANNOTATION_UNREGISTER] = ""
+    assert state.Mapping.from_object(obj).unregister == ""
