@@ -435,3 +435,44 @@ async def test_an_unknown_key_of_the_approved_issuer_is_no_identity_of_this_runt
         )
     await http.aclose()
     await kcp.aclose()
+
+
+class _Endless(httpx.AsyncByteStream):
+    """A body of `total` bytes, served in 64 KiB chunks; counts what was read of it."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.served = 0
+
+    async def __aiter__(self) -> Any:
+        chunk = b" " * 65536
+        while self.served < self.total:
+            self.served += len(chunk)
+            yield chunk
+
+
+@pytest.mark.parametrize("declared", [True, False])
+@pytest.mark.parametrize("which", ["discovery", "keys"])
+async def test_an_issuers_oversized_answer_is_refused_unread(which: str, declared: bool) -> None:
+    # A 64 MiB discovery document took the broker over its memory limit (issue 28, item 6).
+    body = _Endless(64 << 20)
+    issuer = Issuer()
+    key = ec.generate_private_key(ec.SECP256R1())
+    issuer.jwks = {"keys": [_jwk(key, "k1")]}
+    plain = issuer.handler
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        is_keys = str(request.url) == ISSUER + "/keys"
+        if (which == "keys") == is_keys:
+            plain(request)
+            headers = {"Content-Length": str(body.total)} if declared else {}
+            return httpx.Response(200, headers=headers, stream=body)
+        return plain(request)
+
+    issuer.handler = handler  # type: ignore[method-assign]
+    verifier, kcp, http = _verifier(issuer, lambda: 1000.0)
+    with pytest.raises(ControlPlaneUnavailable, match="larger than"):
+        await verifier.verify_with_issuer(runtime_id="rt-1", token=_token(key), issuer=ISSUER)
+    assert body.served <= 512 << 10
+    await http.aclose()
+    await kcp.aclose()

@@ -95,6 +95,7 @@ LAYERS: dict[str, int] = {
     # 1: adapters (Kubernetes through kubeapi, Director, identity proofs)
     **dict.fromkeys(
         [
+            "capped",
             "kube.caches",
             "kube.events",
             "kube.mappings",
