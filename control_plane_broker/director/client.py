@@ -12,6 +12,7 @@ from typing import Any, Protocol, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from control_plane_broker.capped import MIB, BodyTooLarge, read_capped
 from control_plane_broker.director import documents as docs
 from control_plane_broker.director.errors import (
     DirectorNotFound,
@@ -33,6 +34,9 @@ from control_plane_broker.director.oauth import OAuthTokenSource
 UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 PAGE_SIZE = 100  # Director's maximum for `first`
 MAX_PAGES = 50  # 5,000 runtimes with one label value is not an answer we can act on
+# A page of 100 runtimes with their labels is well under 1 MiB; beyond this an answer is not
+# read (a body read whole can take the broker over its memory limit).
+MAX_ANSWER_BYTES = 4 * MIB
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -115,19 +119,25 @@ class DirectorClient:
                 except DirectorRetryable as exc:
                     raise DirectorRetryable(str(exc), delivered=False) from exc
                 try:
-                    response = await self._http.post(
+                    async with self._http.stream(
+                        "POST",
                         self._url,
                         json={"query": document, "variables": variables},
                         headers={"Authorization": f"Bearer {token}", "Tenant": tenant},
-                    )
+                    ) as response:
+                        status = response.status_code
+                        raw = await read_capped(response, MAX_ANSWER_BYTES, what=operation)
                 except httpx.HTTPError as exc:
                     raise DirectorRetryable(
                         f"{operation}: {type(exc).__name__}", delivered=not isinstance(exc, UNSENT)
                     ) from exc
-                if response.status_code == 401 and not second_try:
+                except BodyTooLarge as exc:
+                    # Sent and answered: Director may have acted, so it counts as delivered.
+                    raise DirectorRetryable(str(exc), delivered=True) from None
+                if status == 401 and not second_try:
                     self._oauth.invalidate()  # revoked or expired early: fetch a new one once
                     continue
-                return self._parse(response, operation)
+                return self._parse(status, raw, operation)
             raise AssertionError("unreachable")
 
         return await self._guard.call(
@@ -139,22 +149,22 @@ class DirectorClient:
         )
 
     @staticmethod
-    def _parse(response: httpx.Response, operation: str) -> dict[str, Any]:
+    def _parse(status: int, raw: bytes, operation: str) -> dict[str, Any]:
         body: Any = None
         try:
-            body = response.json()
-        except ValueError:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
             body = None
         raw_errors = body.get("errors") if isinstance(body, dict) else None
         try:
             errors = [GraphQLError.model_validate(e) for e in raw_errors or []]
         except (TypeError, ValidationError):
             errors = [GraphQLError(message="malformed GraphQL error")]
-        message = f"{operation}: HTTP {response.status_code}"
+        message = f"{operation}: HTTP {status}"
         if errors:
             message += ": " + "; ".join(e.message[:200] for e in errors[:3])
         problem = classify(
-            status=response.status_code,
+            status=status,
             errors=[(e.code, e.message) for e in errors],
             message=message,
         )

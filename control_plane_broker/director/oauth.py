@@ -11,10 +11,12 @@ a log.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
 import httpx
 
+from control_plane_broker.capped import KIB, BodyTooLarge, read_capped
 from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
 from control_plane_broker.settings import DirectorCredentials
 
@@ -25,6 +27,8 @@ def refresh_at(*, fetched_at: float, expires_in: float) -> float:
     return fetched_at + max(0.0, expires_in - margin)
 
 
+# An access token answer is a few KiB (a JWT and its lifetime); beyond this it is not read.
+MAX_ANSWER_BYTES = 64 * KIB
 FAILURE_MEMORY_SECONDS = 0.5  # below any sensible time open of the breaker: probes go out
 
 
@@ -76,19 +80,24 @@ class OAuthTokenSource:
     async def _fetch(self) -> tuple[str, float]:
         started = self._clock()
         try:
-            response = await self._http.post(
+            async with self._http.stream(
+                "POST",
                 self._credentials.tokens_endpoint,
                 data={"grant_type": "client_credentials", "scope": self._scope},
                 auth=(self._credentials.client_id, self._credentials.client_secret),
-            )
+            ) as response:
+                status = response.status_code
+                raw = await read_capped(response, MAX_ANSWER_BYTES, what="OAuth token endpoint")
         except httpx.HTTPError as exc:
             raise DirectorRetryable(f"OAuth token endpoint: {type(exc).__name__}") from exc
-        if response.status_code == 429 or response.status_code >= 500:
-            raise DirectorRetryable(f"OAuth token endpoint: HTTP {response.status_code}")
-        if response.status_code != 200:
-            raise DirectorPermanent(f"OAuth token endpoint refused: HTTP {response.status_code}")
+        except BodyTooLarge as exc:
+            raise DirectorRetryable(str(exc)) from None
+        if status == 429 or status >= 500:
+            raise DirectorRetryable(f"OAuth token endpoint: HTTP {status}")
+        if status != 200:
+            raise DirectorPermanent(f"OAuth token endpoint refused: HTTP {status}")
         try:
-            body = response.json()
+            body = json.loads(raw)
             token = str(body["access_token"])
             expires_in = float(body.get("expires_in", 300))
         except (ValueError, KeyError, TypeError) as exc:

@@ -752,3 +752,43 @@ async def test_no_access_token_means_nothing_was_sent() -> None:
     # Anything else (a bug, a cancellation) proves nothing.
     assert may_have_reached_director(RuntimeError("bug")) is True
     await http.aclose()
+
+
+class _Huge(httpx.AsyncByteStream):
+    """A body of 64 MiB in 64 KiB chunks; counts what was read of it."""
+
+    def __init__(self) -> None:
+        self.served = 0
+
+    async def __aiter__(self) -> Any:
+        while self.served < 64 << 20:
+            self.served += 65536
+            yield b" " * 65536
+
+
+async def test_an_oversized_director_answer_is_refused_unread() -> None:
+    # Every body read from outside has a cap (issue 28, item 6): a huge answer is a failure of
+    # that call (delivered: Director may have acted), never a broker over its memory limit.
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    huge = _Huge()
+    fake.answers = [httpx.Response(200, stream=huge)]
+    with pytest.raises(DirectorRetryable, match="exceeds") as caught:
+        await client.register_runtime(tenant="t", spec=RuntimeRegisterInput(name="n"))
+    assert caught.value.delivered
+    assert huge.served <= 8 << 20
+    await http.aclose()
+
+
+async def test_an_oversized_oauth_answer_is_refused_unread() -> None:
+    huge = _Huge()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=huge)
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    oauth = OAuthTokenSource(http, CREDS, scope="s", clock=Clock())
+    with pytest.raises(DirectorRetryable, match="exceeds"):
+        await oauth.token()
+    assert huge.served <= 1 << 20
+    await http.aclose()
