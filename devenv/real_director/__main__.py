@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--connector-url",
         help="what Director returns as the one-time token's connectorURL "
-        "(default: <gateway>/connector/graphql, which nothing serves)",
+        "(default: <gateway>/connector/graphql, the gateway's Connector for Director's tokens)",
     )
     parser.add_argument(
         "--credentials-file",

@@ -10,13 +10,37 @@ verifies against a JWKS. This gateway does the same in one process:
 - `POST /director/graphql`: the bearer must be one we issued (else 401, as Oathkeeper answers);
   the request goes on to Director with a fresh JWT carrying the claims Director reads.
 - `GET /.well-known/jwks.json`: the key Director verifies with.
-- `/_gateway/calls` (GET, DELETE) and `/_gateway/faults` (GET, PUT, DELETE): counters and fault
-  injection for a stack run as a separate process (`python -m devenv.real_director`).
+- `POST /connector/graphql`: Connector's `configuration` and `signCertificateSigningRequest`
+  for the one-time tokens Director issued (see "The Connector" below).
+- `/_gateway/calls` (GET, DELETE), `/_gateway/faults` (GET, PUT, DELETE) and `/_gateway/down`
+  (PUT, DELETE): counters and fault injection for a stack run as a separate process
+  (`python -m devenv.real_director`).
 
 A lost answer is produced *after* Director answered, so Director has acted and committed: the
 caller then gets what Compass's Istio ingress (Envoy) sends when its upstream times out,
 `504` with the body `upstream request timeout`, or, in mode `drop`, a connection closed without
 an answer (a load balancer or proxy restarting mid-request).
+
+Compass down (`set_down`): every route but the admin API answers as an unavailable Compass does:
+`503` with Envoy's body `no healthy upstream` (mode `503`), connections closed without an answer
+(`drop`), or connections refused (`refuse`: the gateway stops listening and listens again on the
+same port when the fault is cleared; its admin API is gone meanwhile, so this mode is for the
+Python API only). Director itself keeps running, as it would behind a broken ingress.
+
+The Connector. In Compass, a runtime's one-time token reaches Connector through Oathkeeper, whose
+hydrator asks Director for the SystemAuth holding that token (`systemAuthByToken`: a row of
+`system_auths` whose `value` JSON has `OneTimeToken.Token` = the token and `Used` false, refused
+when `CreatedAt` + the token's validity has passed) and marks it used
+(`invalidateSystemAuthOneTimeToken`: `Used` true, `UsedAt` now), then passes the SystemAuth's ID
+to Connector as the client ID. Connector names the certificate after that client ID (CN = the
+SystemAuth ID, which Compass maps back to the runtime for certificate-secured calls) and gets the
+CSR token from Director with `requestOneTimeTokenForRuntime(id: "", systemAuthID: <ID>)`, which
+puts a fresh one-time token on the same SystemAuth. Director's local configuration grants no
+scope for the two hydrator operations, so the gateway does their part directly on Director's
+database (`DirectorTokens`: one `UPDATE ... WHERE` that finds, checks and spends the token, so a
+token is spent once however many present it), and asks Director itself for the CSR token. The
+rest is the simulator's Connector: its schema, error answers (HTTP 200, `extensions.error`
+`Forbidden`), CSR checks and certificate authority (`devenv.compass_sim`).
 
 It is a plain ASGI app, served by uvicorn on a thread of its own, so the Python API works from
 any thread.
@@ -48,7 +72,20 @@ import httpx
 import jwt
 import uvicorn
 from cryptography.hazmat.primitives.asymmetric import rsa
-from graphql import FieldNode, GraphQLError, OperationDefinitionNode, parse
+from graphql import (
+    FieldNode,
+    GraphQLError,
+    GraphQLResolveInfo,
+    GraphQLSchema,
+    OperationDefinitionNode,
+    parse,
+)
+
+from devenv.compass_sim.ca import CertificateAuthority, CsrRejectedError, load_csr, subject_problem
+from devenv.compass_sim.config import CsrSubject
+from devenv.compass_sim.connector import KEY_ALGORITHM, ConnectorUrls
+from devenv.compass_sim.errors import ConnectorError
+from devenv.compass_sim.graphql_http import GraphQLEndpoint, load_schema
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +93,10 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 LossMode = Literal["504", "drop"]
+DownMode = Literal["refuse", "drop", "503"]
 TenantResolver = Callable[[str], str | None]
+# psql-style query on Director's database: `:'name'` in the SQL is a quoted parameter.
+Query = Callable[[str, Mapping[str, str]], list[tuple[str, ...]]]
 
 # The flow and consumer type the hydrator puts in the token of an OAuth client that belongs
 # to an integration system: Director then treats the caller as the Kyma provisioning client
@@ -70,10 +110,20 @@ ACCESS_TOKEN_TTL = 3600
 _JWT_TTL = 300
 _JWT_REUSE_MARGIN = 60
 _KEY_ID = "real-director-gateway"
+_CSR_MUTATION = (
+    'mutation ($auth: ID!) { result: requestOneTimeTokenForRuntime(id: "", systemAuthID: $auth) '
+    "{ token } }"
+)
 _ADMIN = "/_gateway"
 GRAPHQL_PATH = "/director/graphql"
 TOKEN_PATH = "/oauth2/token"  # noqa: S105 - a path, not a secret
 JWKS_PATH = "/.well-known/jwks.json"
+CONNECTOR_PATH = "/connector/graphql"
+# What Istio's ingress (Envoy) answers while no backend is up.
+UNAVAILABLE_BODY = b"no healthy upstream"
+# The client certificates the gateway's Connector signs; the subject's fixed part is ours.
+CERTIFICATE_VALIDITY_SECONDS = 90 * 24 * 3600
+CSR_SUBJECT = CsrSubject(organization="kyma-compass-pull", organizational_unit="real-director")
 
 
 @dataclass
@@ -123,6 +173,182 @@ def _operations_of(query: str, operation_name: str | None) -> tuple[tuple[str, .
     return fields, op.name.value if op.name is not None else None
 
 
+@dataclass(frozen=True)
+class SpentToken:
+    """A runtime's one-time token, found in Director's database and spent there."""
+
+    system_auth_id: str  # the SystemAuth holding it: Connector's client ID, the certificate's CN
+    runtime_id: str
+    tenant: str  # internal ID of the tenant the token was requested in
+    external_tenant: str
+
+
+# Director's `systemAuthByToken` (a SystemAuth whose value JSON contains the token, unused),
+# its validity check (`CreatedAt` + the token type's validity; Director stores the sum as
+# `ExpiresAt`) and `invalidateSystemAuthOneTimeToken` (`Used` true, `UsedAt` now, as Go writes
+# a time) in one statement: the row lock makes a second spender find `Used` true.
+_SPEND_SQL = """
+UPDATE system_auths AS s
+SET value = jsonb_set(
+    jsonb_set(s.value, '{OneTimeToken,Used}', 'true'::jsonb),
+    '{OneTimeToken,UsedAt}',
+    to_jsonb(to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+WHERE s.runtime_id IS NOT NULL
+  AND s.value @> jsonb_build_object(
+      'OneTimeToken', jsonb_build_object('Token', :'token'::text, 'Used', false))
+  AND (s.value->'OneTimeToken'->>'ExpiresAt')::timestamptz > now()
+RETURNING s.id, s.runtime_id, COALESCE(s.tenant_id::text, ''),
+  COALESCE((SELECT t.external_tenant FROM business_tenant_mappings t WHERE t.id = s.tenant_id), '')
+"""
+
+
+class DirectorTokens:
+    """One-time tokens of runtimes as Director stores them (`system_auths`), spent as Compass's
+    hydrator spends them through Director."""
+
+    def __init__(self, query: Query) -> None:
+        self._query = query
+
+    def spend(self, token: str) -> SpentToken | None:
+        """The token's SystemAuth, now marked used; None when no runtime has this token unused
+        and valid (unknown, used, expired: the hydrator does not say which either)."""
+        if not token:
+            return None
+        rows = self._query(_SPEND_SQL, {"token": token})
+        if not rows:
+            return None
+        system_auth_id, runtime_id, tenant, external = rows[0]
+        return SpentToken(system_auth_id, runtime_id, tenant, external)
+
+
+@dataclass
+class _ConnectorCall:
+    token: str | None
+
+
+class GatewayConnector:
+    """Connector's token-authenticated API over Director's one-time tokens.
+
+    `configuration` spends the presented token and answers with a CSR token Director puts on
+    the same SystemAuth (`request_csr_token`), the subject (CN = the SystemAuth ID) and the
+    certificate-secured URLs, if any; `signCertificateSigningRequest` spends its token too and
+    signs a CSR for exactly that subject. Calls are synchronous (database and Director): run
+    them off the event loop.
+    """
+
+    def __init__(
+        self,
+        tokens: DirectorTokens,
+        *,
+        request_csr_token: Callable[[SpentToken], str],
+        urls: Callable[[], ConnectorUrls | None],
+    ) -> None:
+        self._tokens = tokens
+        self._request_csr_token = request_csr_token
+        self._urls = urls
+        self.ca = CertificateAuthority(
+            clock=time.time, validity_seconds=CERTIFICATE_VALIDITY_SECONDS
+        )
+        self._lock = threading.Lock()
+        self._spent: Counter[str] = Counter()  # runtime ID -> tokens spent here
+        self._owners: dict[str, str] = {}  # SystemAuth ID -> runtime ID, for certificates
+        schema = load_schema("connector.graphql")
+        self._bind(schema)
+        self._endpoint = GraphQLEndpoint(schema)
+
+    def spent(self, runtime_id: str) -> int:
+        """Tokens of this runtime spent at the Connector (one-time and CSR tokens)."""
+        with self._lock:
+            return self._spent[runtime_id]
+
+    def runtime_of(self, system_auth_id: str) -> str | None:
+        """The runtime a certificate's CN (a SystemAuth ID) stands for, if we issued it."""
+        with self._lock:
+            return self._owners.get(system_auth_id)
+
+    def handle(self, body: bytes, token: str | None) -> tuple[int, dict[str, Any]]:
+        parsed = self._endpoint.parse_request(body)
+        if parsed.rejection is not None:
+            return parsed.rejection.status, parsed.rejection.body
+        response = self._endpoint.execute(parsed, _ConnectorCall(token or None))
+        return response.status, response.body
+
+    def _bind(self, schema: GraphQLSchema) -> None:
+        assert schema.query_type is not None
+        assert schema.mutation_type is not None
+
+        def configuration(_root: Any, info: GraphQLResolveInfo) -> dict[str, Any]:
+            return self._configuration(info.context.token)
+
+        def sign(_root: Any, info: GraphQLResolveInfo, csr: str) -> dict[str, str]:
+            return self._sign(info.context.token, csr)
+
+        schema.query_type.fields["configuration"].resolve = configuration
+        schema.mutation_type.fields["signCertificateSigningRequest"].resolve = sign
+
+    def _spend(self, token: str | None) -> SpentToken:
+        spent = self._tokens.spend(token) if token else None
+        if spent is None:
+            # Connector's words when the hydrator passed no client ID on.
+            raise ConnectorError(
+                "Forbidden",
+                "Failed to authenticate request. Token authentication error: Failed to "
+                "authenticate with one time token.",
+            )
+        with self._lock:
+            self._spent[spent.runtime_id] += 1
+            self._owners[spent.system_auth_id] = spent.runtime_id
+        return spent
+
+    def _configuration(self, token: str | None) -> dict[str, Any]:
+        spent = self._spend(token)
+        try:
+            fresh = self._request_csr_token(spent)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise ConnectorError("Internal", f"could not get one time token: {exc}") from None
+        urls = self._urls()
+        return {
+            "token": {"token": fresh},
+            "certificateSigningRequestInfo": {
+                "subject": CSR_SUBJECT.render(spent.system_auth_id),
+                "keyAlgorithm": KEY_ALGORITHM,
+            },
+            "managementPlaneInfo": {
+                "directorURL": urls.director if urls else None,
+                "certificateSecuredConnectorURL": (
+                    urls.certificate_secured_connector if urls else None
+                ),
+            },
+        }
+
+    def _sign(self, token: str | None, csr: str) -> dict[str, str]:
+        spent = self._spend(token)
+        try:
+            pem = base64.b64decode(csr, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConnectorError(
+                "BadRequest", "Error while parsing base64 content. Incorrect value provided."
+            ) from None
+        try:
+            request = load_csr(pem)
+        except CsrRejectedError as exc:
+            raise ConnectorError(exc.kind, str(exc)) from None
+        problem = subject_problem(request, CSR_SUBJECT, spent.system_auth_id)
+        if problem is not None:
+            raise ConnectorError("WrongInput", problem)
+        client_pem = self.ca.sign(request)
+        ca_pem = self.ca.certificate_pem
+
+        def b64(data: bytes) -> str:
+            return base64.b64encode(data).decode()
+
+        return {
+            "certificateChain": b64(client_pem + ca_pem),
+            "caCertificate": b64(ca_pem),
+            "clientCertificate": b64(client_pem),
+        }
+
+
 class Gateway:
     def __init__(
         self,
@@ -133,6 +359,7 @@ class Gateway:
         scopes: frozenset[str] = DEFAULT_SCOPES,
         upstream_timeout: float = 60.0,
         rng: random.Random | None = None,
+        tokens: DirectorTokens | None = None,
     ) -> None:
         self.client_id = client_id
         self._client_secret = client_secret
@@ -151,8 +378,21 @@ class Gateway:
         self._lock = threading.Lock()
         self._rules: list[LossRule] = []
         self._calls: Counter[str] = Counter()
+        self._tenant_calls: dict[str, Counter[str]] = {}  # external tenant -> calls per field
         self._lost: Counter[str] = Counter()
+        self._down: DownMode | None = None
         self.director_url = ""  # Director's GraphQL endpoint, set before serving
+        # URLs `configuration` hands out for certificate-secured calls (none: null).
+        self.certificate_secured: ConnectorUrls | None = None
+        self.connector = (
+            None
+            if tokens is None
+            else GatewayConnector(
+                tokens,
+                request_csr_token=self._request_csr_token,
+                urls=lambda: self.certificate_secured,
+            )
+        )
         self._client: httpx.AsyncClient | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -197,9 +437,12 @@ class Gateway:
         with self._lock:
             return [asdict(r) for r in self._rules]
 
-    def calls(self) -> dict[str, int]:
-        """GraphQL calls passed on to Director, per top-level field (`registerRuntime`)."""
+    def calls(self, tenant: str | None = None) -> dict[str, int]:
+        """GraphQL calls passed on to Director, per top-level field (`registerRuntime`); with
+        `tenant`, only those sent with that `Tenant` header (an external ID)."""
         with self._lock:
+            if tenant is not None:
+                return dict(self._tenant_calls.get(tenant, {}))
             return dict(self._calls)
 
     def lost(self) -> dict[str, int]:
@@ -210,7 +453,38 @@ class Gateway:
     def reset_calls(self) -> None:
         with self._lock:
             self._calls.clear()
+            self._tenant_calls.clear()
             self._lost.clear()
+
+    def set_down(self, mode: DownMode) -> None:
+        """Compass unavailable behind this gateway until `clear_down()`; see the module doc."""
+        if mode not in ("refuse", "drop", "503"):
+            raise ValueError(f"down must be 'refuse', 'drop' or '503', not {mode!r}")
+        with self._lock:
+            self._down = mode
+        if mode == "refuse" and self._thread is not None:
+            self.stop()
+
+    def clear_down(self) -> None:
+        with self._lock:
+            mode, self._down = self._down, None
+        if mode == "refuse" and self._thread is None and self._port is not None:
+            self.start(port=self._port)
+
+    @property
+    def down(self) -> DownMode | None:
+        with self._lock:
+            return self._down
+
+    def listening(self) -> bool:
+        """Whether a connection to the gateway's port is accepted."""
+        if self._port is None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", self._port), timeout=1.0):
+                return True
+        except OSError:
+            return False
 
     def issue_token(self, scopes: tuple[str, ...] | None = None) -> str:
         """An access token as `/oauth2/token` would issue it, without the HTTP round trip."""
@@ -222,12 +496,13 @@ class Gateway:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self, timeout: float = 15.0) -> None:
+    def start(self, timeout: float = 15.0, *, port: int = 0) -> None:
+        """Serves on `port` (0: a free one) from a thread of its own."""
         if self._thread is not None:
             raise RuntimeError("the gateway is already running")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
         # Listen before serving: Director (started next) may fetch the JWKS at once.
         sock.listen(1024)
         sock.setblocking(False)
@@ -303,10 +578,22 @@ class Gateway:
         path, method = scope["path"], scope["method"]
         body = await _read_body(receive)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        down = self.down
+        if down is not None and not path.startswith(_ADMIN + "/"):
+            if down == "503":
+                await _respond(send, 503, UNAVAILABLE_BODY, content_type="text/plain")
+            else:  # drop; refuse while a connection made before it is still open
+                await _drop(send)
+            return
         if path == GRAPHQL_PATH and method == "POST":
             await self._graphql(headers, body, send)
         elif path == TOKEN_PATH and method == "POST":
             await self._token(headers, body, send)
+        elif path == CONNECTOR_PATH and method == "POST" and self.connector is not None:
+            status, payload = await asyncio.to_thread(
+                self.connector.handle, body, headers.get("connector-token")
+            )
+            await _respond(send, status, payload)
         elif path == JWKS_PATH and method == "GET":
             await _respond(send, 200, self._jwks)
         elif path.startswith(_ADMIN + "/"):
@@ -389,27 +676,53 @@ class Gateway:
             cached = self._jwts.get(key)
         if cached is not None and cached[1] - now > _JWT_REUSE_MARGIN:
             return cached[0]
+        signed = self._sign(tenant, token.scopes, token.client_id, now)
+        with self._lock:
+            self._jwts[key] = (signed, now + _JWT_TTL)
+        return signed
+
+    def _sign(
+        self, tenant: dict[str, str], scopes: tuple[str, ...], consumer: str, now: float
+    ) -> str:
         claims = {
             # Director reads `tenant` as a JSON document inside a string, as the hydrator
             # writes it.
             "tenant": json.dumps(tenant),
-            "scopes": " ".join(token.scopes),
-            "consumerID": token.client_id,
+            "scopes": " ".join(scopes),
+            "consumerID": consumer,
             "consumerType": CONSUMER_TYPE,
             "flow": FLOW,
             "iat": int(now),
             "exp": int(now) + _JWT_TTL,
         }
-        signed = jwt.encode(claims, self._key, algorithm="RS256", headers={"kid": _KEY_ID})
-        with self._lock:
-            self._jwts[key] = (signed, now + _JWT_TTL)
-        return signed
+        return jwt.encode(claims, self._key, algorithm="RS256", headers={"kid": _KEY_ID})
 
-    def _count(self, fields: tuple[str, ...], name: str | None) -> LossMode | None:
+    def _request_csr_token(self, spent: SpentToken) -> str:
+        """What Connector asks Director for: a fresh one-time token on the same SystemAuth, in
+        the tenant the first one was requested in. Not counted among the callers' calls."""
+        tenant = {"consumerTenant": spent.tenant, "externalTenant": spent.external_tenant}
+        signed = self._sign(tenant, ("runtime:write",), "compass-connector", time.time())
+        response = httpx.post(
+            self.director_url,
+            json={"query": _CSR_MUTATION, "variables": {"auth": spent.system_auth_id}},
+            headers={"authorization": f"Bearer {signed}"},
+            timeout=self._upstream_timeout,
+        )
+        response.raise_for_status()
+        body = response.json()
+        if body.get("errors"):
+            raise ValueError(body["errors"][0].get("message", "Director refused"))
+        return str(body["data"]["result"]["token"])
+
+    def _count(
+        self, fields: tuple[str, ...], name: str | None, tenant: str | None = None
+    ) -> LossMode | None:
         """Counts the call per top-level field and says whether (and how) its answer is lost."""
         with self._lock:
+            by_tenant = self._tenant_calls.setdefault(tenant or "", Counter())
             for field in fields or ("(unparsed)",):
                 self._calls[field] += 1
+                by_tenant[field] += 1
             for rule in self._rules:
                 if rule.operation not in fields and rule.operation != name:
                     continue
@@ -452,7 +765,7 @@ class Gateway:
             )
         except (ValueError, AttributeError):
             fields, name = (), None
-        loss = self._count(fields, name)
+        loss = self._count(fields, name, external)
         forward = {
             "authorization": f"Bearer {self._jwt_for(token, bearer, tenant)}",
             "content-type": headers.get("content-type", "application/json"),
@@ -495,6 +808,21 @@ class Gateway:
             await _respond(send, 200, {"lose_answers": self.faults()})
         elif path == "/faults" and method == "DELETE":
             self.clear_faults()
+            await _respond(send, 204, b"")
+        elif path == "/down" and method == "PUT":
+            try:
+                mode = json.loads(body)["mode"]
+                if mode not in ("drop", "503"):  # refuse would take this admin API down too
+                    raise ValueError(f"mode {mode!r}")
+            except (ValueError, KeyError, TypeError) as exc:
+                await _respond(
+                    send, 400, {"error": f'bad down: {exc!r}; expected {{"mode": "503"|"drop"}}'}
+                )
+                return
+            self.set_down(mode)
+            await _respond(send, 200, {"down": mode})
+        elif path == "/down" and method == "DELETE":
+            self.clear_down()
             await _respond(send, 204, b"")
         elif path == "/faults" and method == "PUT":
             try:

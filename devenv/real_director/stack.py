@@ -35,7 +35,17 @@ from devenv.clusters import Binaries, TestCluster, find_binaries, start_cluster
 
 from . import affinity, postgres
 from .director import DirectorConfig, DirectorProcess, start_director
-from .gateway import GRAPHQL_PATH, JWKS_PATH, TOKEN_PATH, Gateway, LossMode, new_client_credentials
+from .gateway import (
+    CONNECTOR_PATH,
+    GRAPHQL_PATH,
+    JWKS_PATH,
+    TOKEN_PATH,
+    DirectorTokens,
+    DownMode,
+    Gateway,
+    LossMode,
+    new_client_credentials,
+)
 
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build.sh"
 EXIT_NO_SOURCE = 3  # build.sh's "the source cannot be found", distinct from a failed build
@@ -275,9 +285,38 @@ class RealCompass:
     def clear_faults(self) -> None:
         self.gateway.clear_faults()
 
-    def calls(self) -> dict[str, int]:
-        """GraphQL calls the gateway passed to Director, per top-level field and operation."""
-        return self.gateway.calls()
+    def calls(self, tenant: str | None = None) -> dict[str, int]:
+        """GraphQL calls the gateway passed to Director, per top-level field and operation;
+        with `tenant` (an external ID), only those sent for it."""
+        return self.gateway.calls(tenant)
+
+    def set_down(self, mode: DownMode) -> None:
+        """Compass unavailable (503, dropped or refused connections) until `clear_down()`;
+        Director keeps running behind the gateway."""
+        self.gateway.set_down(mode)
+
+    def clear_down(self) -> None:
+        self.gateway.clear_down()
+
+    def listening(self) -> bool:
+        return self.gateway.listening()
+
+    def connector_exchanges(self, runtime_id: str) -> int:
+        """Tokens of this runtime spent at the gateway's Connector (one-time, then CSR)."""
+        connector = self.gateway.connector
+        return connector.spent(runtime_id) if connector is not None else 0
+
+    def tenant_runtimes(self, external_tenant: str) -> list[dict[str, str]]:
+        """Runtimes a tenant (external ID) has access to in Director's database: `id`, `name`,
+        and `owner` ("yes" for the tenant that owns it)."""
+        rows = self.query(
+            "SELECT r.id, r.name, CASE WHEN tr.owner THEN 'yes' ELSE 'no' END FROM runtimes r "
+            "JOIN tenant_runtimes tr ON tr.id = r.id "
+            "JOIN business_tenant_mappings t ON t.id = tr.tenant_id "
+            "WHERE t.external_tenant = :'ext' ORDER BY r.name, r.id",
+            ext=external_tenant,
+        )
+        return [{"id": rid, "name": name, "owner": owner} for rid, name, owner in rows]
 
     def lost(self) -> dict[str, int]:
         return self.gateway.lost()
@@ -357,7 +396,7 @@ def start_real_compass(
     `cluster`: an API server to put Director's ConfigMap and Secrets on (in a namespace of
     their own); without it a cluster is started from `binaries` (built when None) and stopped
     with the stack. `connector_url`: what Director returns as the one-time token's
-    `connectorURL` (default: the gateway's `/connector/graphql`, which nothing serves).
+    `connectorURL` (default: the gateway's own Connector, `/connector/graphql`).
     `director_folder`: the output of build.sh when the caller already ran it. `cpus`: the CPU
     numbers PostgreSQL, Director and the gateway's thread run on (default: wherever the caller
     runs; devenv/real_director/affinity.py), e.g. to keep a benchmark's other processes off them.
@@ -396,6 +435,7 @@ def start_real_compass(
             client_id=stack.client_id,
             client_secret=stack.client_secret,
             resolve_tenant=lambda external: _resolve(database, external),
+            tokens=DirectorTokens(database.query),
         )
         stack._gateway = gateway
         affinity.started_on(pin, gateway.start)
@@ -403,7 +443,7 @@ def start_real_compass(
         stack.director_url = f"{gateway.url}{GRAPHQL_PATH}"
         stack.token_url = f"{gateway.url}{TOKEN_PATH}"
         stack.jwks_url = f"{gateway.url}{JWKS_PATH}"
-        stack.connector_url = connector_url or f"{gateway.url}/connector/graphql"
+        stack.connector_url = connector_url or f"{gateway.url}{CONNECTOR_PATH}"
 
         phase = time.monotonic()
         stack.director_process = affinity.started_on(

@@ -20,10 +20,13 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from control_plane_broker.director import documents
 from control_plane_broker.settings import load_director_credentials
 from devenv.real_director import RealCompass
+from devenv.runtime_agent_sim import ExchangeError, exchange_token
 from tests.conftest import REPO_ROOT
 
 # The first use builds Director when `make real-compass` has not (minutes on a cold cache).
@@ -422,3 +425,128 @@ def test_the_command_stops_everything_it_started_on_sigterm(
     while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert {name for name, pid in pids.items() if _alive(pid)} == set()
+
+
+def _one_time_token(http: httpx.Client, stack: RealCompass, token: str) -> tuple[str, str, str]:
+    """(runtime ID, one-time token, global account) for a runtime registered for this test."""
+    account, subaccount = _unique("ga"), _unique("sa")
+    stack.add_global_account(account)
+    stack.add_subaccount(subaccount, parent=account, region="cf-eu10")
+    registered = _register(
+        http,
+        stack,
+        token,
+        account,
+        {"kyma_runtime_id": _unique("rt"), "global_subaccount_id": subaccount},
+    )
+    runtime_id = registered.json()["data"]["registerRuntime"]["id"]
+    response = _graphql(http, stack, token, account, documents.REQUEST_OTT, {"id": runtime_id})
+    assert response.status_code == 200, response.text
+    return runtime_id, response.json()["data"]["requestOneTimeTokenForRuntime"]["token"], account
+
+
+def _one_time_token_row(stack: RealCompass, runtime_id: str) -> tuple[str, dict[str, Any]]:
+    """(SystemAuth ID, its OneTimeToken) as Director stores them."""
+    ((auth_id, value),) = stack.query(
+        "SELECT id, value::text FROM system_auths WHERE runtime_id = :'id'", id=runtime_id
+    )
+    return auth_id, json.loads(value)["OneTimeToken"]
+
+
+def test_the_gateways_connector_takes_directors_one_time_token_once(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    runtime_id, one_time, _ = _one_time_token(http, real_compass, token)
+    connector = f"{real_compass.gateway_url}/connector/graphql"
+    auth_id, stored = _one_time_token_row(real_compass, runtime_id)
+    assert (stored["Token"], stored["Used"]) == (one_time, False)
+
+    issued = exchange_token(http, connector, one_time)
+
+    # Named as the real Connector names it: CN = the SystemAuth holding the token.
+    certificate = x509.load_pem_x509_certificate(issued.client_pem)
+    common_names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    assert [a.value for a in common_names] == [auth_id]
+    # Director's row: the CSR token Director put on the same SystemAuth, spent by the signing.
+    same_auth, stored = _one_time_token_row(real_compass, runtime_id)
+    assert same_auth == auth_id
+    assert stored["Token"] != one_time
+    assert stored["Used"] is True
+    assert not stored["UsedAt"].startswith("0001-")
+    assert real_compass.connector_exchanges(runtime_id) == 2
+    # One-time: the same token again is refused as Connector refuses it, naming no token.
+    with pytest.raises(ExchangeError) as refused:
+        exchange_token(http, connector, one_time)
+    assert "Failed to authenticate with one time token" in str(refused.value)
+    assert one_time not in str(refused.value)
+    assert real_compass.connector_exchanges(runtime_id) == 2
+
+
+def test_the_gateways_connector_refuses_an_expired_token_and_leaves_it_unused(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    runtime_id, one_time, _ = _one_time_token(http, real_compass, token)
+    real_compass.query(
+        "UPDATE system_auths SET value = jsonb_set(value, '{OneTimeToken,ExpiresAt}', "
+        "'\"2020-01-01T00:00:00Z\"') WHERE runtime_id = :'id' RETURNING id",
+        id=runtime_id,
+    )
+    response = http.post(
+        f"{real_compass.gateway_url}/connector/graphql",
+        headers={"Connector-Token": one_time},
+        json={"query": "{ configuration { token { token } } }"},
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["data"] is None
+    assert body["errors"][0]["extensions"] == {"error": "Forbidden"}
+    assert _one_time_token_row(real_compass, runtime_id)[1]["Used"] is False
+    assert real_compass.connector_exchanges(runtime_id) == 0
+
+
+def test_calls_are_counted_per_tenant(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    _, _, account = _one_time_token(http, real_compass, token)
+    assert real_compass.calls(account) == {"registerRuntime": 1, "requestOneTimeTokenForRuntime": 1}
+    assert real_compass.calls(_unique("ga")) == {}
+
+
+@pytest.mark.parametrize("mode", ["503", "drop", "refuse"])
+def test_compass_down_and_back(
+    real_compass: RealCompass, http: httpx.Client, token: str, mode: str
+) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    runtime_id = _unique("rt")
+    try:
+        real_compass.set_down(mode)  # type: ignore[arg-type]  # one of the three
+        if mode == "503":
+            down = _register(http, real_compass, token, account, {"kyma_runtime_id": runtime_id})
+            assert (down.status_code, down.text) == (503, "no healthy upstream")
+        else:
+            with pytest.raises(httpx.TransportError):
+                _register(http, real_compass, token, account, {"kyma_runtime_id": runtime_id})
+        assert real_compass.listening() is (mode != "refuse")
+        # Nothing reached Director.
+        assert real_compass.runtime_count(label_key="kyma_runtime_id", label_value=runtime_id) == 0
+    finally:
+        real_compass.clear_down()
+    assert real_compass.listening()
+    back = _register(http, real_compass, token, account, {"kyma_runtime_id": runtime_id})
+    assert back.status_code == 200, back.text
+    assert real_compass.runtime_count(label_key="kyma_runtime_id", label_value=runtime_id) == 1
+
+
+def test_the_admin_api_takes_compass_down_and_back(
+    real_compass: RealCompass, http: httpx.Client
+) -> None:
+    admin = f"{real_compass.gateway_url}/_gateway"
+    try:
+        assert http.put(f"{admin}/down", json={"mode": "refuse"}).status_code == 400
+        assert http.put(f"{admin}/down", json={"mode": "503"}).status_code == 200
+        assert http.post(real_compass.token_url).status_code == 503
+        assert http.get(f"{admin}/calls").status_code == 200  # the admin API stays up
+    finally:
+        assert http.delete(f"{admin}/down").status_code == 204
+    assert http.post(real_compass.token_url).status_code == 401  # no credentials: up again
