@@ -384,7 +384,11 @@ def test_director_down_gives_503_and_breaker_stops_calls(
 
 
 def test_a_claim_that_lapsed_while_director_was_down_registers_without_a_lookup(
-    brokers: BrokerFactory, rt_a: Runtime, sim: Any
+    brokers: BrokerFactory,
+    control_plane: TestCluster,
+    kcp_ns: str,
+    runtime_a: TestCluster,
+    sim: Any,
 ) -> None:
     # The broker's own claim lapsed during the outage and nobody took it since: no attempt
     # can have reached Director, so the runtime is registered at once, not looked up first.
@@ -395,6 +399,10 @@ def test_a_claim_that_lapsed_while_director_was_down_registers_without_a_lookup(
         BROKER_BREAKER_FAILURE_THRESHOLD="1",
         BROKER_BREAKER_OPEN_SECONDS="1",
     )
+    # Certainly new: its Kyma is created after the broker's mapping watch listed (clock skew
+    # allowance: 2 s), so no mapping of it can have existed unseen.
+    time.sleep(3)
+    rt_a = seed_runtime(control_plane, kcp_ns, runtime_a)
     sim.set_faults(Faults(down=DownMode.UNAVAILABLE))
     r = broker.request_token(rt_a.runtime_id, rt_a.token())
     assert (r.status_code, problem_type(r)) == (503, "compass-unavailable")
@@ -412,6 +420,17 @@ def test_a_claim_that_lapsed_while_director_was_down_registers_without_a_lookup(
     assert attempts(sim, "registerRuntime") == 1
     assert attempts(sim, "runtimes") == 0
     assert len(director_runtimes(sim, rt_a.tenant)) == 1
+
+
+def test_a_kyma_older_than_the_broker_is_looked_up_before_it_is_registered(
+    brokers: BrokerFactory, rt_a: Runtime, sim: Any
+) -> None:
+    # Its Kyma existed before this broker looked: a mapping of it may have been force-deleted
+    # while no broker ran, so Director is asked first (by our label, then by the shoot's).
+    broker = brokers()
+    assert broker.request_token(rt_a.runtime_id, rt_a.token()).status_code == 201
+    assert attempts(sim, "runtimes") == 2
+    assert attempts(sim, "registerRuntime") == 1
 
 
 def test_lost_register_response_leaves_one_runtime(
