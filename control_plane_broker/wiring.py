@@ -255,6 +255,7 @@ async def run(  # noqa: PLR0915
         deny_list=deny_list(settings.xfcc_deny_list_file),
     )
     metrics.watch_fleet(lambda: fleet(mappings.values(), now=wall()))
+    metrics.watch_kymas(lambda: len(kymas.names()))
     issuer = TokenIssuer(
         settings=settings,
         cache=kymas,

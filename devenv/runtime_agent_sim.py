@@ -1,21 +1,45 @@
-"""A stand-in for Kyma's compass-runtime-agent, for the local demo.
+"""A stand-in for Kyma's compass-runtime-agent (application-connector-manager 859cac3), for the
+local demo and the tests: the part of the real agent this project feeds, with the real one's
+timing, certificate layout and states (`tests/integration/real_runtime_agent/test_contract.py`
+runs one scenario against both and compares them).
 
-It does the part of the real runtime agent that this project feeds: it reads the token secret
-the agent wrote (`kyma-system/compass-agent-configuration`: CONNECTOR_URL, TOKEN, RUNTIME_ID,
-TENANT), exchanges the one-time token at Compass Connector for a client certificate, stores the
-certificate in the runtime, and reports in the cluster-scoped CompassConnection
-`compass-connection`.
+Like the real agent it is a controller of one object, the cluster-scoped CompassConnection
+`compass-connection`:
 
-What always holds:
-- the token is used only while the CompassConnection is missing or `ConnectionFailed`, as the
-  real runtime agent does; after a failure the same token is never tried again: the state stays
-  `ConnectionFailed` (with the error in `status.connectionStatus.error`) until a different token
-  is in the secret;
-- the exchange is Connector's: `configuration` with header `Connector-Token: <one-time token>`
-  returns a CSR token and the subject; a fresh RSA 2048 key and a CSR for exactly that subject
-  are made here with `cryptography`; `signCertificateSigningRequest` with the CSR token returns
-  the certificate, which must carry that subject and this key;
-- tokens, keys and certificates never reach a log line (a token is named by its sha256 prefix).
+- **When it acts.** At start (the real `main` initialises the connection once), on every change
+  of the CompassConnection (looked at every `--event-poll` seconds: a new resourceVersion or its
+  disappearance is a watch event, its own updates included) and at the controller's resync:
+  every `--sync-period` seconds jittered once at start by 0.9-1.1x as controller-runtime does,
+  the first about two periods after start (client-go's resync timing). Never on a change of the
+  Secret. A reconcile does nothing while `status.connectionStatus.lastSync` is less than
+  `--minimal-sync` whole seconds old (unless `spec.resyncNow`); a failed reconcile is requeued
+  with controller-runtime's backoff (5 ms doubling).
+- **What it does.** Missing CompassConnection: creates it after a connection attempt. In
+  `ConnectionFailed`: reads the Secret again (`CONNECTOR_URL`, `TOKEN`, `RUNTIME_ID`, `TENANT`)
+  and tries whatever `TOKEN` holds; no memory of a spent token. The exchange is Connector's:
+  `configuration` with `Connector-Token`, an RSA 4096 key and a CSR for the subject it returned,
+  `signCertificateSigningRequest` with the CSR token. Success stores `crt` (the client
+  certificate), `crtChain` and `key` (PKCS#1) in `--certificate-secret` and the CA as `cacert` in
+  `--ca-secret` (merged into what is there, as the real one does; a missing namespace loses the
+  spent token), sets `Connected` and `spec.managementInfo` to the `managementPlaneInfo` Connector
+  returned (`connectorUrl`: the certificate-secured Connector, `directorUrl`). Otherwise: checks
+  the connection on the certificate-secured Connector over mutual TLS (renewing the certificate
+  when less than 30 % of its validity or two minimal sync times remain), then, when the minimal
+  sync time passed since the last synchronisation, syncs with Director over mutual TLS
+  (`runtime(id){labels}`, `applicationsForRuntime`, `setRuntimeLabel` for its two URL labels
+  when they differ) with `RUNTIME_ID`/`TENANT` read from the Secret, and sets `Synchronized`;
+  failures set `ConnectionMaintenanceFailed`, `SynchronizationFailed` or `MetadataUpdateFailed`
+  with the error, as the real one does. It writes the whole object (an update, not a patch),
+  with nulls where Go writes zero times.
+- Tokens, keys and certificates never reach a log line (a token is named by its sha256 prefix).
+
+Not imitated: Applications (Director's list is applied by the real agent; the simulator's is
+always empty, and the stand-in touches no Application), metrics and health endpoints.
+
+`--interval S` is the option of the stand-in before issue 27, kept for callers that still pass
+it: sync period and minimal sync time S, the CA Secret in `--namespace`, and it stops at
+`Connected` (no certificate-secured check, no Director sync), for a Compass without its
+certificate-secured side.
 
 Run: `python -m devenv.runtime_agent_sim --kubeconfig FILE` (see `--help`); it stops on
 SIGTERM/SIGINT.
@@ -28,9 +52,13 @@ import base64
 import contextlib
 import hashlib
 import logging
+import random
 import signal
+import ssl
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -50,6 +78,7 @@ log = logging.getLogger("runtime-agent-sim")
 CC_GROUP, CC_VERSION, CC_PLURAL = "compass.kyma-project.io", "v1alpha1", "compassconnections"
 CONNECTION_NAME = "compass-connection"
 HEALTHY_STATES = frozenset({"Connected", "Synchronized"})
+KEY_SIZE = 4096  # the real agent's rsaKeySize (internal/certificates/csrprovider.go)
 
 CONFIGURATION_QUERY = (
     "query { result: configuration { token { token } "
@@ -148,14 +177,22 @@ def _spki(public_key: Any) -> bytes:
     )
 
 
-def _graphql(http: httpx.Client, url: str, document: str, *, token: str, **variables: Any) -> Any:
+def _graphql(
+    http: httpx.Client,
+    url: str,
+    document: str,
+    *,
+    token: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    **variables: Any,
+) -> Any:
+    """`data.result` of one GraphQL call; `token` goes into `Connector-Token`."""
+    sent = dict(headers or {})
+    if token is not None:
+        sent["Connector-Token"] = token
     try:
-        response = http.post(
-            url,
-            json={"query": document, "variables": variables},
-            headers={"Connector-Token": token},
-        )
-    except httpx.TransportError as exc:
+        response = http.post(url, json={"query": document, "variables": variables}, headers=sent)
+    except httpx.HTTPError as exc:
         raise ExchangeError(f"Connector unreachable: {type(exc).__name__}") from exc
     try:
         body = response.json()
@@ -169,17 +206,22 @@ def _graphql(http: httpx.Client, url: str, document: str, *, token: str, **varia
     return body["data"]["result"]
 
 
-def exchange_token(http: httpx.Client, connector_url: str, token: str) -> IssuedCertificate:
-    """One-time token -> client certificate, in Connector's two calls."""
+def exchange_token(
+    http: httpx.Client, connector_url: str, token: str | None, *, key_size: int = KEY_SIZE
+) -> IssuedCertificate:
+    """One-time token -> client certificate, in Connector's two calls (`token` None: over the
+    certificate-secured Connector, where the client certificate speaks for the runtime)."""
+    if not connector_url:
+        raise ExchangeError("Failed to establish connection. Connector URL is empty")
     configuration = _graphql(http, connector_url, CONFIGURATION_QUERY, token=token)
     subject_text = configuration["certificateSigningRequestInfo"]["subject"]
     subject = parse_subject(subject_text)
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=key_size)
     signed = _graphql(
         http,
         connector_url,
         SIGN_CSR_MUTATION,
-        token=configuration["token"]["token"],
+        token=configuration["token"]["token"] if token is not None else None,
         csr=build_csr(subject, key),
     )
     client_pem = base64.b64decode(signed["clientCertificate"])
@@ -193,9 +235,9 @@ def exchange_token(http: httpx.Client, connector_url: str, token: str) -> Issued
         client_pem=client_pem,
         chain_pem=base64.b64decode(signed["certificateChain"]),
         ca_pem=base64.b64decode(signed["caCertificate"]),
-        key_pem=key.private_bytes(
+        key_pem=key.private_bytes(  # "RSA PRIVATE KEY", as Go's MarshalPKCS1PrivateKey
             serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
+            serialization.PrivateFormat.TraditionalOpenSSL,
             serialization.NoEncryption(),
         ),
         subject=subject_text,
@@ -206,80 +248,582 @@ def exchange_token(http: httpx.Client, connector_url: str, token: str) -> Issued
     )
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+# -- time, as the real agent writes and compares it -------------------------------------------
 
 
-def _time(value: datetime) -> str:
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+def format_time(value: datetime) -> str:
+    """metav1.Time as JSON: RFC 3339 in whole seconds, UTC."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: object) -> datetime | None:
+    """A metav1.Time from JSON; None for null, absent or unreadable (Go's zero time)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _unix(value: datetime | None) -> int:
+    # Go's zero time (year 1) as a Unix second: far in the past, so never "recent".
+    return -62135596800 if value is None else int(value.timestamp())
+
+
+def _seconds_since(now: datetime, then: object) -> int:
+    return int(now.timestamp()) - _unix(parse_time(then))
+
+
+def skip_connection_sync(connection: Mapping[str, Any], now: datetime, minimal: float) -> bool:
+    """The real reconciler's rate limit: nothing happens while `connectionStatus.lastSync` is
+    less than `minimal` whole seconds old, unless `spec.resyncNow` (controller.go)."""
+    spec = connection.get("spec") or {}
+    status = (connection.get("status") or {}).get("connectionStatus")
+    if spec.get("resyncNow") or status is None:
+        return False
+    return _seconds_since(now, status.get("lastSync")) < int(minimal)
+
+
+def skip_application_sync(connection: Mapping[str, Any], now: datetime, minimal: float) -> bool:
+    """The same for the Director sync, on `synchronizationStatus.lastAttempt`."""
+    spec = connection.get("spec") or {}
+    status = (connection.get("status") or {}).get("synchronizationStatus")
+    if spec.get("resyncNow") or status is None:
+        return False
+    return _seconds_since(now, status.get("lastAttempt")) < int(minimal)
+
+
+def should_renew(
+    connection: Mapping[str, Any], now: datetime, *, threshold: float, minimal: float
+) -> bool:
+    """CompassConnection.ShouldRenewCertificate: asked for, or less than `threshold` of the
+    validity or two minimal sync times left."""
+    if (connection.get("spec") or {}).get("refreshCredentialsNow"):
+        return True
+    status = ((connection.get("status") or {}).get("connectionStatus")) or {}
+    certificate = status.get("certificateStatus") or {}
+    not_before = _unix(parse_time(certificate.get("notBefore")))
+    not_after = _unix(parse_time(certificate.get("notAfter")))
+    left = not_after - now.timestamp()
+    return left < (not_after - not_before) * threshold or left < 2 * minimal
+
+
+def jittered(period: float, fraction: float) -> float:
+    """controller-runtime's calculateResyncPeriod: `period` times a factor in [0.9, 1.1);
+    `fraction` in [0, 1) picks it."""
+    return period * (0.9 + fraction / 5.0)
+
+
+class ResyncClock:
+    """When the informer resyncs, as client-go does it: the reflector's timer ticks every
+    `period` from its start; the controller's listener, added just after, resyncs on a tick at
+    or after its own `next` (then `next` = tick + period). The first resync therefore comes
+    about two periods after start, later ones every period."""
+
+    def __init__(self, period: float, start: float) -> None:
+        self.period = period
+        self.next_tick = start + period
+        self._next_resync = start + period + min(0.05, period / 100)
+
+    def tick(self, now: float) -> bool:
+        """Call once `now >= next_tick`: whether this tick resyncs."""
+        resync = now >= self._next_resync
+        if resync:
+            self._next_resync = now + self.period
+        self.next_tick = now + self.period
+        return resync
+
+
+def requeue_delay(failures: int) -> float:
+    """controller-runtime's per-item backoff after a failed reconcile: 5 ms doubling, 1000 s cap."""
+    return float(min(0.005 * 2 ** max(failures - 1, 0), 1000.0))
+
+
+def new_connection() -> dict[str, Any]:
+    """An empty CompassConnection as the real agent builds it before its first attempt."""
+    return {
+        "apiVersion": f"{CC_GROUP}/{CC_VERSION}",
+        "kind": "CompassConnection",
+        "metadata": {"name": CONNECTION_NAME},
+        "spec": {"managementInfo": {"directorUrl": "", "connectorUrl": ""}},
+        "status": {"connectionState": "", "connectionStatus": None, "synchronizationStatus": None},
+    }
+
+
+def _connection_status(status: dict[str, Any]) -> dict[str, Any]:
+    """`status.connectionStatus`, made as Go marshals a fresh ConnectionStatus when absent."""
+    current = status.get("connectionStatus")
+    if not isinstance(current, dict):
+        current = {
+            "established": None,
+            "renewed": None,
+            "lastSync": None,
+            "lastSuccess": None,
+            "certificateStatus": {"acquired": None, "notBefore": None, "notAfter": None},
+        }
+        status["connectionStatus"] = current
+    return current
+
+
+def set_connection_failed(connection: dict[str, Any], now: datetime, error: str) -> None:
+    status = connection.setdefault("status", {})
+    status["connectionState"] = "ConnectionFailed"
+    current = _connection_status(status)
+    current["lastSync"] = format_time(now)
+    current["error"] = error
+
+
+def set_connected(connection: dict[str, Any], now: datetime, issued: IssuedCertificate) -> None:
+    status = connection.setdefault("status", {})
+    at = format_time(now)
+    status["connectionState"] = "Connected"
+    status["connectionStatus"] = {
+        "established": at,
+        "renewed": None,
+        "lastSync": at,
+        "lastSuccess": at,
+        "certificateStatus": {
+            "acquired": at,
+            "notBefore": format_time(issued.not_before),
+            "notAfter": format_time(issued.not_after),
+        },
+    }
+    connection.setdefault("spec", {})["managementInfo"] = {
+        "directorUrl": issued.director_url,
+        "connectorUrl": issued.secured_connector_url,
+    }
+
+
+def set_maintenance_failed(connection: dict[str, Any], now: datetime, error: str) -> None:
+    status = connection.setdefault("status", {})
+    status["connectionState"] = "ConnectionMaintenanceFailed"
+    current = _connection_status(status)
+    current["lastSync"] = format_time(now)
+    current["error"] = error
+
+
+def set_sync_failed(
+    connection: dict[str, Any], now: datetime, error: str, state: str = "SynchronizationFailed"
+) -> None:
+    status = connection.setdefault("status", {})
+    status["connectionState"] = state
+    sync = status.get("synchronizationStatus")
+    at = format_time(now)
+    if state == "SynchronizationFailed":
+        if not isinstance(sync, dict):
+            sync = {
+                "lastAttempt": None,
+                "lastSuccessfulFetch": None,
+                "lastSuccessfulApplication": None,
+            }
+        sync["lastAttempt"] = at
+        sync["error"] = error
+    else:  # failed after the fetch: ResourceApplicationFailed, MetadataUpdateFailed
+        sync = {
+            "lastAttempt": at,
+            "lastSuccessfulFetch": at,
+            "lastSuccessfulApplication": None,
+            "error": error,
+        }
+    status["synchronizationStatus"] = sync
+
+
+def set_synchronized(connection: dict[str, Any], now: datetime) -> None:
+    status = connection.setdefault("status", {})
+    at = format_time(now)
+    status["connectionState"] = "Synchronized"
+    status["synchronizationStatus"] = {
+        "lastAttempt": at,
+        "lastSuccessfulFetch": at,
+        "lastSuccessfulApplication": at,
+    }
+    connection.setdefault("spec", {}).pop("resyncNow", None)
+
+
+# -- the controller ----------------------------------------------------------------------------
+
+DIRECTOR_FETCH = (
+    "query ($id: ID!) { runtime(id: $id) { labels } "
+    "applicationsForRuntime(runtimeID: $id) { data { id name } "
+    "pageInfo { startCursor endCursor hasNextPage } totalCount } }"
+)
+SET_LABEL = (
+    "mutation ($id: ID!, $key: String!, $value: Any!) "
+    "{ result: setRuntimeLabel(runtimeID: $id, key: $key, value: $value) { key value } }"
+)
+
+
+@dataclass(frozen=True)
+class Timing:
+    sync_period: float = 180.0  # the module's APP_CONTROLLER_SYNC_PERIOD
+    minimal_sync: float = 15.0  # its APP_MINIMAL_COMPASS_SYNC_TIME
+    event_poll: float = 0.2
+    renewal_threshold: float = 0.3  # APP_CERT_VALIDITY_RENEWAL_THRESHOLD
+
+
+@dataclass(frozen=True)
+class Names:
+    namespace: str = "kyma-system"
+    config_secret: str = "compass-agent-configuration"  # noqa: S105 - a name
+    certificate_secret: str = "cluster-client-certificates"  # noqa: S105 - in `namespace`
+    ca_secret: str = "istio-system/kyma-gateway-certs-cacert"  # noqa: S105 - namespace/name
+    events_url: str = "https://gateway.kyma.local"  # APP_RUNTIME_EVENTS_URL's default
+    console_url: str = "https://console.kyma.local"  # APP_RUNTIME_CONSOLE_URL's default
+
+
+class _Conflict(Exception):
+    """An update lost against a newer version: requeued, as the real reconcile's error is."""
+
+
+@dataclass
+class _Credentials:
+    chain_pem: bytes
+    key_pem: bytes
 
 
 class RuntimeAgentSim:
-    """One polling loop over the secret and the CompassConnection of one runtime."""
+    """The CompassConnection controller of one runtime; `run(stop)` until `stop` is set."""
 
     def __init__(
         self,
         api: client.ApiClient,
         *,
-        namespace: str,
-        secret_name: str,
-        certificate_secret: str,
-        interval: float,
+        names: Names | None = None,
+        timing: Timing | None = None,
+        until_connected: bool = False,
+        key_size: int = KEY_SIZE,
+        fraction: float | None = None,
+        **legacy: Any,
     ) -> None:
+        names = names or Names()
+        if legacy:  # the keyword arguments of the stand-in before issue 27
+            interval = float(legacy.pop("interval", 0.5))
+            names = Names(
+                namespace=legacy.pop("namespace", names.namespace),
+                config_secret=legacy.pop("secret_name", names.config_secret),
+                certificate_secret=legacy.pop("certificate_secret", names.certificate_secret),
+                ca_secret=f"{legacy.get('namespace', names.namespace)}/kyma-gateway-certs-cacert",
+            )
+            if legacy:
+                raise TypeError(f"unexpected arguments {sorted(legacy)}")
+            timing = Timing(sync_period=interval, minimal_sync=interval)
+            until_connected = True
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
-        self._namespace = namespace
-        self._secret_name = secret_name
-        self._certificate_secret = certificate_secret
-        self._interval = interval
-        self._failed_fingerprint: str | None = None
+        self.names = names
+        self.timing = timing or Timing()
+        self._until_connected = until_connected
+        self._key_size = key_size
+        self._fraction = random.random() if fraction is None else fraction
+        self.period = jittered(self.timing.sync_period, self._fraction)
         self._http = httpx.Client(timeout=10.0)
+        self._secured: httpx.Client | None = None
+        self._credentials: _Credentials | None = None
+        self._urls: tuple[str, str] = ("", "")  # (director, certificate-secured connector)
 
     def close(self) -> None:
         self._http.close()
+        if self._secured is not None:
+            self._secured.close()
+
+    # -- the loop ------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        log.info("watching secret %s/%s", self._namespace, self._secret_name)
-        while not stop.is_set():
-            try:
-                self.step()
-            except ApiException as exc:  # the API server restarting: try again next turn
-                log.warning("API server error %s, retrying", exc.status)
-            stop.wait(self._interval)
-
-    def step(self) -> None:
-        """One look at the world; connects when the connection is missing or failed."""
-        connection = self._connection()
-        state = ((connection or {}).get("status") or {}).get("connectionState")
-        if state in HEALTHY_STATES:
-            return
-        secret = self._token_secret()
-        if secret is None or secret.fingerprint == self._failed_fingerprint:
-            return
-        log.info("connecting with token sha256:%s", secret.fingerprint)
-        try:
-            issued = exchange_token(self._http, secret.connector_url, secret.token)
-        except ExchangeError as exc:
-            self._failed_fingerprint = secret.fingerprint
-            log.warning("connection failed: %s", exc)
-            self._report(connection, secret, state="ConnectionFailed", error=str(exc))
-            return
-        self._store_certificate(issued)
-        self._report(connection, secret, state="Connected", issued=issued)
         log.info(
-            "connected: certificate for %s valid until %s", issued.subject, _time(issued.not_after)
+            "controller for %s: sync period %.1fs (jittered from %gs), minimal sync %gs",
+            CONNECTION_NAME,
+            self.period,
+            self.timing.sync_period,
+            self.timing.minimal_sync,
+        )
+        clock = ResyncClock(self.period, time.monotonic())
+        self._guarded(self.initialize)  # cmd/main.go: once, before the controller starts
+        seen = self._version()
+        pending = True  # the informer's first list delivers the object
+        failures = 0
+        requeue_at: float | None = None
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= clock.next_tick and clock.tick(now):
+                log.debug("resync")
+                pending = True
+            if requeue_at is not None and now >= requeue_at:
+                requeue_at, pending = None, True
+            version = self._guarded(self._version, default=seen)
+            if version != seen:
+                seen, pending = version, True
+            if pending:
+                pending = False
+                if self._guarded(self.reconcile, default=False) is False:
+                    failures += 1
+                    requeue_at = time.monotonic() + requeue_delay(failures)
+                else:
+                    failures = 0
+            stop.wait(self.timing.event_poll)
+
+    def _guarded(self, step: Any, default: Any = None) -> Any:
+        try:
+            return step()
+        except (ApiException, _Conflict, ExchangeError, httpx.HTTPError, ValueError) as exc:
+            log.warning("reconcile failed (requeued): %s", _describe(exc))
+            return default
+
+    def _version(self) -> str | None:
+        found = self._connection()
+        return None if found is None else str(found["metadata"].get("resourceVersion"))
+
+    # -- Reconcile (controller.go) ---------------------------------------------------------
+
+    def reconcile(self) -> bool:
+        """One reconcile; False when it failed (requeued with backoff)."""
+        connection = self._connection()
+        if connection is None:
+            log.info("no CompassConnection: initialising a new connection")
+            self.initialize()
+        elif skip_connection_sync(connection, datetime.now(UTC), self.timing.minimal_sync):
+            pass
+        elif (connection.get("status") or {}).get("connectionState") == "ConnectionFailed":
+            self.initialize()
+        elif not self._until_connected:
+            if not self._maintain(connection):
+                return False  # the real reconcile returns the maintenance error
+            if not skip_application_sync(connection, datetime.now(UTC), self.timing.minimal_sync):
+                self._synchronize(connection)
+        return True
+
+    # -- the supervisor (supervisor.go) ------------------------------------------------------
+
+    def initialize(self) -> None:
+        """InitializeCompassConnection: create or retry the connection; a healthy one only
+        refreshes the cached credentials and URLs."""
+        connection = self._connection()
+        if connection is None:
+            connection = new_connection()
+            self._establish(connection)
+            self._custom.create_cluster_custom_object(CC_GROUP, CC_VERSION, CC_PLURAL, connection)
+            return
+        if (connection.get("status") or {}).get("connectionState") != "ConnectionFailed":
+            self._load_credentials()
+            info = (connection.get("spec") or {}).get("managementInfo") or {}
+            self._urls = (info.get("directorUrl", ""), info.get("connectorUrl", ""))
+            return
+        self._establish(connection)
+        self._update(connection)
+
+    def _establish(self, connection: dict[str, Any]) -> None:
+        secret = self._config_secret()
+        now = datetime.now(UTC)
+        if isinstance(secret, str):
+            set_connection_failed(connection, now, f"Failed to retrieve certificate: {secret}")
+            return
+        log.info("connecting with token sha256:%s", token_fingerprint(secret.get("TOKEN", "")))
+        try:
+            issued = exchange_token(
+                self._http,
+                secret.get("CONNECTOR_URL", ""),
+                secret.get("TOKEN", ""),
+                key_size=self._key_size,
+            )
+        except ExchangeError as exc:
+            log.warning("connection failed: %s", exc)
+            set_connection_failed(connection, now, f"Failed to retrieve certificate: {exc}")
+            return
+        try:
+            self._preserve(issued)
+        except ApiException as exc:
+            error = f"Failed to preserve certificate: {_describe(exc)}"
+            log.warning("connection failed: %s", error)
+            set_connection_failed(connection, datetime.now(UTC), error)
+            return
+        set_connected(connection, datetime.now(UTC), issued)
+        self._urls = (issued.director_url, issued.secured_connector_url)
+        log.info(
+            "connected: certificate for %s valid until %s",
+            issued.subject,
+            format_time(issued.not_after),
         )
 
-    # -- the runtime's objects ---------------------------------------------------------
-
-    def _token_secret(self) -> TokenSecret | None:
+    def _maintain(self, connection: dict[str, Any]) -> bool:
+        now = datetime.now(UTC)
         try:
-            found = self._core.read_namespaced_secret(self._secret_name, self._namespace)
+            renew = should_renew(
+                connection,
+                now,
+                threshold=self.timing.renewal_threshold,
+                minimal=self.timing.minimal_sync,
+            )
+            renew = renew or not self._exists(*self._split(self.names.ca_secret))
+            http = self._secured_client()
+            _, connector_url = self._urls
+            if renew:
+                issued = exchange_token(http, connector_url, None, key_size=self._key_size)
+                self._preserve(issued)
+                connection["status"]["connectionStatus"]["certificateStatus"] = {
+                    "acquired": format_time(now),
+                    "notBefore": format_time(issued.not_before),
+                    "notAfter": format_time(issued.not_after),
+                }
+                connection["status"]["connectionStatus"]["renewed"] = format_time(now)
+                connection.setdefault("spec", {}).pop("refreshCredentialsNow", None)
+                info = {
+                    "directorURL": issued.director_url,
+                    "certificateSecuredConnectorURL": issued.secured_connector_url,
+                }
+            else:
+                info = (
+                    _graphql(http, connector_url, CONFIGURATION_QUERY).get("managementPlaneInfo")
+                    or {}
+                )
+            if not info.get("certificateSecuredConnectorURL") or not info.get("directorURL"):
+                raise ExchangeError("Connector URL or Director URL is empty")
+            self._urls = (info["directorURL"], info["certificateSecuredConnectorURL"])
+        except (ExchangeError, ApiException, httpx.HTTPError, OSError, ValueError) as exc:
+            error = (
+                "Error while trying to maintain connection: Failed to connect to Compass "
+                f"Connector: {_describe(exc)}"
+            )
+            log.warning("%s", error)
+            set_maintenance_failed(connection, datetime.now(UTC), error)
+            self._update(connection)
+            return False
+        status = _connection_status(connection.setdefault("status", {}))
+        status["lastSync"] = status["lastSuccess"] = format_time(datetime.now(UTC))
+        return True
+
+    def _synchronize(self, connection: dict[str, Any]) -> None:
+        secret = self._config_secret()
+        if isinstance(secret, str):
+            set_sync_failed(
+                connection, datetime.now(UTC), f"Failed to read Runtime config: {secret}"
+            )
+            self._update(connection)
+            return
+        runtime_id, tenant = secret.get("RUNTIME_ID", ""), secret.get("TENANT", "")
+        director_url, _ = self._urls
+        headers = {"Tenant": tenant}
+        try:
+            http = self._secured_client()
+            fetched = _director(http, director_url, DIRECTOR_FETCH, headers, id=runtime_id)
+            if fetched.get("runtime") is None or fetched.get("applicationsForRuntime") is None:
+                raise ExchangeError("received nil response")
+        except (ExchangeError, httpx.HTTPError, OSError) as exc:
+            set_sync_failed(
+                connection, datetime.now(UTC), f"Failed to fetch configuration: {_describe(exc)}"
+            )
+            self._update(connection)
+            return
+        labels = fetched["runtime"].get("labels") or {}
+        targets = {
+            "runtime_eventServiceUrl": self.names.events_url,
+            "runtime_consoleUrl": self.names.console_url,
+        }
+        try:
+            for key, value in targets.items():
+                if labels.get(key) != value:
+                    _graphql(
+                        http,
+                        director_url,
+                        SET_LABEL,
+                        headers=headers,
+                        id=runtime_id,
+                        key=key,
+                        value=value,
+                    )
+        except (ExchangeError, httpx.HTTPError, OSError) as exc:
+            set_sync_failed(
+                connection,
+                datetime.now(UTC),
+                f"Failed to reconcile Runtime labels with proper URLs: {_describe(exc)}",
+                state="MetadataUpdateFailed",
+            )
+            self._update(connection)
+            return
+        set_synchronized(connection, datetime.now(UTC))
+        self._update(connection)
+        log.info("synchronized with Director")
+
+    # -- credentials ---------------------------------------------------------------------
+
+    def _preserve(self, issued: IssuedCertificate) -> None:
+        """PreserveCredentials: the client certificate, chain and key into one Secret, the CA
+        into another, each merged into what is there (UpsertWithMerge)."""
+        self._upsert_merge(
+            self.names.namespace,
+            self.names.certificate_secret,
+            {"crt": issued.client_pem, "key": issued.key_pem, "crtChain": issued.chain_pem},
+        )
+        self._upsert_merge(*self._split(self.names.ca_secret), {"cacert": issued.ca_pem})
+        self._credentials = _Credentials(chain_pem=issued.chain_pem, key_pem=issued.key_pem)
+        if self._secured is not None:
+            self._secured.close()
+            self._secured = None
+
+    def _load_credentials(self) -> None:
+        data = self._secret_data(self.names.namespace, self.names.certificate_secret)
+        if data is None or "crtChain" not in data or "key" not in data:
+            raise ValueError(
+                f"failed to read credentials while initializing Compass Connection CR: "
+                f"{self.names.namespace}/{self.names.certificate_secret} is missing or incomplete"
+            )
+        self._credentials = _Credentials(chain_pem=data["crtChain"], key_pem=data["key"])
+
+    def _secured_client(self) -> httpx.Client:
+        if self._secured is None:
+            if self._credentials is None:
+                self._load_credentials()
+            assert self._credentials is not None
+            self._secured = httpx.Client(
+                timeout=10.0,
+                verify=_client_tls(self._credentials),  # APP_SKIP_COMPASS_TLS_VERIFY
+            )
+        return self._secured
+
+    # -- the runtime's objects -------------------------------------------------------------
+
+    @staticmethod
+    def _split(namespaced: str) -> tuple[str, str]:
+        namespace, _, name = namespaced.partition("/")
+        return namespace, name
+
+    def _secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        try:
+            found = self._core.read_namespaced_secret(name, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return TokenSecret.from_data(found.data)
+        return {k: base64.b64decode(v) for k, v in (found.data or {}).items()}
+
+    def _exists(self, namespace: str, name: str) -> bool:
+        return self._secret_data(namespace, name) is not None
+
+    def _config_secret(self) -> dict[str, str] | str:
+        """The configuration Secret's values, or the real agent's error text."""
+        try:
+            data = self._secret_data(self.names.namespace, self.names.config_secret)
+        except ApiException as exc:
+            data, problem = None, _describe(exc)
+        else:
+            problem = f'secrets "{self.names.config_secret}" not found'
+        where = f"{self.names.namespace}/{self.names.config_secret}"
+        if data is None:
+            return f"Failed to read Connection config from {where} Secret: {problem}"
+        return {k: v.decode(errors="replace") for k, v in data.items()}
+
+    def _upsert_merge(self, namespace: str, name: str, values: Mapping[str, bytes]) -> None:
+        current = self._secret_data(namespace, name) or {}
+        merged = {**current, **values}
+        body = client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+            data={k: base64.b64encode(v).decode() for k, v in merged.items()},
+        )
+        try:
+            self._core.replace_namespaced_secret(name, namespace, body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self._core.create_namespaced_secret(namespace, body)
 
     def _connection(self) -> dict[str, Any] | None:
         try:
@@ -292,96 +836,139 @@ class RuntimeAgentSim:
             raise
         return cast(dict[str, Any], found)
 
-    def _store_certificate(self, issued: IssuedCertificate) -> None:
-        data = {
-            "crt": issued.chain_pem,
-            "key": issued.key_pem,
-            "ca.crt": issued.ca_pem,
-        }
-        body = client.V1Secret(
-            metadata=client.V1ObjectMeta(name=self._certificate_secret),
-            type="Opaque",
-            data={k: base64.b64encode(v).decode() for k, v in data.items()},
-        )
+    def _update(self, connection: dict[str, Any]) -> None:
+        """An update of the whole object (the CRD has no status subresource), with the
+        resourceVersion it was read at."""
         try:
-            self._core.create_namespaced_secret(self._namespace, body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            self._core.replace_namespaced_secret(self._certificate_secret, self._namespace, body)
-
-    def _report(
-        self,
-        connection: dict[str, Any] | None,
-        secret: TokenSecret,
-        *,
-        state: str,
-        error: str | None = None,
-        issued: IssuedCertificate | None = None,
-    ) -> None:
-        if connection is None:
-            # compass-runtime-agent writes both fields always (Go strings without omitempty;
-            # the published CRD requires them): empty until a connection told it Director's.
-            management = {
-                "connectorUrl": secret.connector_url,
-                "directorUrl": issued.director_url if issued is not None else "",
-            }
-            self._custom.create_cluster_custom_object(
-                CC_GROUP,
-                CC_VERSION,
-                CC_PLURAL,
-                {
-                    "apiVersion": f"{CC_GROUP}/{CC_VERSION}",
-                    "kind": "CompassConnection",
-                    "metadata": {"name": CONNECTION_NAME},
-                    "spec": {"managementInfo": management},
-                },
+            self._custom.replace_cluster_custom_object(
+                CC_GROUP, CC_VERSION, CC_PLURAL, CONNECTION_NAME, connection
             )
-        now = _now()
-        status: dict[str, Any] = {"connectionState": state}
-        if issued is not None:
-            status["connectionStatus"] = {
-                "established": now,
-                "lastSuccess": now,
-                "lastSync": now,
-                "error": None,  # merge patch: clears an earlier failure's message
-                "certificateStatus": {
-                    "acquired": now,
-                    "notBefore": _time(issued.not_before),
-                    "notAfter": _time(issued.not_after),
-                },
-            }
-        else:
-            status["connectionStatus"] = {
-                "lastSync": now,
-                "error": error or "",
-                "certificateStatus": {},
-            }
-        self._custom.patch_cluster_custom_object(  # the CRD has no status subresource
-            CC_GROUP, CC_VERSION, CC_PLURAL, CONNECTION_NAME, {"status": status}
-        )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                raise _Conflict(f"update of {CONNECTION_NAME}: HTTP {exc.status}") from exc
+            raise
+
+
+def _director(
+    http: httpx.Client, url: str, document: str, headers: Mapping[str, str], **variables: Any
+) -> dict[str, Any]:
+    """`data` of a Director query with several root fields."""
+    response = http.post(url, json={"query": document, "variables": variables}, headers=headers)
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise ExchangeError(f"Director answered HTTP {response.status_code}") from exc
+    if response.status_code != 200 or body.get("errors") or not body.get("data"):
+        messages = "; ".join(str(e.get("message", e)) for e in body.get("errors") or [])
+        raise ExchangeError(f"Director refused: HTTP {response.status_code} {messages}")
+    return cast(dict[str, Any], body["data"])
+
+
+def _client_tls(credentials: _Credentials) -> ssl.SSLContext:
+    """A TLS context presenting the client certificate chain; the server is not verified, as
+    with the module's APP_SKIP_COMPASS_TLS_VERIFY=true. The key touches the disk only in a
+    private temporary folder, for the moment `load_cert_chain` needs it."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with tempfile.TemporaryDirectory(prefix="runtime-agent-sim-") as folder:
+        cert, key = Path(folder, "tls.crt"), Path(folder, "tls.key")
+        cert.write_bytes(credentials.chain_pem)
+        key.touch(mode=0o600)
+        key.write_bytes(credentials.key_pem)
+        context.load_cert_chain(cert, key)
+    return context
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}"
+    return str(exc) or type(exc).__name__
 
 
 def build_parser() -> argparse.ArgumentParser:
+    defaults, names = Timing(), Names()
     parser = argparse.ArgumentParser(
         prog="python -m devenv.runtime_agent_sim",
-        description="Simulated compass-runtime-agent: exchanges the one-time token in the "
-        "agent's secret at Compass Connector for a client certificate and marks the "
-        "CompassConnection Connected (or ConnectionFailed with the error).",
+        description="Simulated compass-runtime-agent: a CompassConnection controller that "
+        "exchanges the one-time token in the agent's secret at Compass Connector for a client "
+        "certificate (Connected), then checks the connection and syncs with Director over "
+        "mutual TLS (Synchronized), with the real agent's timing.",
     )
     parser.add_argument("--kubeconfig", type=Path, required=True, help="the runtime's kubeconfig")
-    parser.add_argument("--namespace", default="kyma-system", help="namespace of the secrets")
-    parser.add_argument(
-        "--secret", default="compass-agent-configuration", help="the token secret to read"
-    )
+    parser.add_argument("--namespace", default=names.namespace, help="namespace of the secrets")
+    parser.add_argument("--secret", default=names.config_secret, help="the token secret to read")
     parser.add_argument(
         "--certificate-secret",
-        default="cluster-client-certificates",
-        help="where the client certificate and key are stored",
+        default=names.certificate_secret,
+        help="where the client certificate, its chain and key go (in --namespace)",
     )
-    parser.add_argument("--interval", type=float, default=0.5, help="seconds between looks")
+    parser.add_argument(
+        "--ca-secret",
+        default=None,
+        help=f"namespace/name of the CA Secret (default {names.ca_secret}, as the module sets it)",
+    )
+    parser.add_argument(
+        "--sync-period",
+        type=float,
+        default=None,
+        help=f"the controller's resync period in seconds (default {defaults.sync_period:g}, "
+        "the module's), jittered 0.9-1.1x",
+    )
+    parser.add_argument(
+        "--minimal-sync",
+        type=float,
+        default=None,
+        help=f"APP_MINIMAL_COMPASS_SYNC_TIME in seconds (default {defaults.minimal_sync:g})",
+    )
+    parser.add_argument(
+        "--event-poll",
+        type=float,
+        default=defaults.event_poll,
+        help="how often the CompassConnection is looked at for changes (its watch)",
+    )
+    parser.add_argument(
+        "--until-connected",
+        action="store_true",
+        help="stop at Connected: no certificate-secured check, no Director sync",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        help="the earlier stand-in's option: sync period and minimal sync time, the CA Secret "
+        "in --namespace and --until-connected",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser
+
+
+def sim_from_args(api: client.ApiClient, args: argparse.Namespace) -> RuntimeAgentSim:
+    legacy = args.interval is not None
+    period = (
+        args.sync_period
+        if args.sync_period is not None
+        else (args.interval if legacy else Timing.sync_period)
+    )
+    minimal = (
+        args.minimal_sync
+        if args.minimal_sync is not None
+        else (args.interval if legacy else Timing.minimal_sync)
+    )
+    ca_secret = args.ca_secret or (
+        f"{args.namespace}/kyma-gateway-certs-cacert" if legacy else Names.ca_secret
+    )
+    return RuntimeAgentSim(
+        api,
+        names=Names(
+            namespace=args.namespace,
+            config_secret=args.secret,
+            certificate_secret=args.certificate_secret,
+            ca_secret=ca_secret,
+        ),
+        timing=Timing(sync_period=period, minimal_sync=minimal, event_poll=args.event_poll),
+        until_connected=args.until_connected or legacy,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -396,13 +983,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     api = config.new_client_from_config(config_file=str(args.kubeconfig))
-    sim = RuntimeAgentSim(
-        api,
-        namespace=args.namespace,
-        secret_name=args.secret,
-        certificate_secret=args.certificate_secret,
-        interval=args.interval,
-    )
+    sim = sim_from_args(api, args)
     try:
         sim.run(stop)
     finally:
