@@ -2,7 +2,8 @@
 
 Exit codes: 0 when every step happened (with `--keep`: after Ctrl-C), 1 when a step did not
 happen in time or something broke (the message says which, with the tail of the relevant
-logs), 130 when interrupted before the end. Whatever the outcome, every process the demo
+logs), 2 when an option cannot work here (said at once, before anything starts), 130 when
+interrupted before the end. Whatever the outcome, every process the demo
 started is stopped before it exits; SIGTERM and SIGHUP are handled like Ctrl-C.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -19,9 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from devenv import runtime_agent
 from devenv.demo.console import StepFailed, Story
 from devenv.demo.processes import log_tail
 from devenv.demo.story import Demo, Options
+from devenv.real_director import find_compass_source
 
 DESCRIPTION = """\
 The local demo of kyma-compass-pull: a control-plane API server (KCP) and two runtime API
@@ -34,6 +39,12 @@ with a summary table and exits 0, or 1 with a clear message when a step does not
 time."""
 
 EPILOG = """\
+--real-director runs the real Compass Director (built once from the pinned source, see
+docs/real-compass.md) behind our gateway instead of the simulator; --real-runtime-agent runs
+Kyma's compass-runtime-agent in runtime B (root and unshare needed; built by `make demo`).
+The simulator stays the default: no build, and the faults and scale the real one cannot give
+(docs/compass-simulator.md).
+
 Logs of every process go to <work folder>/logs; the list of processes (pid, command) to
 <work folder>/processes.json. Keys, tokens and cluster data are removed when the demo stops.
 Set KUBEBUILDER_ASSETS to use existing kube-apiserver and etcd binaries instead of the ones
@@ -64,6 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="how Compass is unavailable: connections refused (default), dropped, or HTTP 503",
     )
     parser.add_argument(
+        "--real-director",
+        action="store_true",
+        help="the real Compass Director (PostgreSQL, our gateway as Hydra/Oathkeeper and a "
+        "Connector for its tokens) instead of the simulator",
+    )
+    parser.add_argument(
+        "--real-runtime-agent",
+        action="store_true",
+        help="Kyma's real compass-runtime-agent in runtime B instead of the simulated one "
+        "(needs root and unshare; reaches Synchronized over the simulator's mTLS side)",
+    )
+    parser.add_argument(
         "--timeout-scale",
         type=float,
         default=1.0,
@@ -87,10 +110,48 @@ def _report_failure(story: Story, exc: StepFailed) -> None:
             story.detail(f"  {line}")
 
 
+# Why both options cannot run together: said before anything starts.
+COMBINED_REFUSAL = (
+    "--real-director and --real-runtime-agent cannot be combined: after Connected the real "
+    "compass-runtime-agent syncs with Director over mutual TLS, authenticated by its client "
+    "certificate; the simulator serves that side (devenv/compass_sim/mtls.py), but nothing maps "
+    "a certificate to a runtime consumer of the real Director yet (Compass's Oathkeeper and "
+    "hydrator do), so the real agent could only reach Connected, never Synchronized. Run them "
+    "one at a time."
+)
+
+
+def preflight(args: argparse.Namespace) -> tuple[str | None, Path | None]:
+    """(why an option cannot work here, or None; the real runtime agent's build folder)."""
+    if args.timeout_scale <= 0:
+        return "--timeout-scale must be positive", None
+    if args.real_director and args.real_runtime_agent:
+        return COMBINED_REFUSAL, None
+    if args.real_director:
+        where, reason = find_compass_source()
+        if where is None:
+            return f"--real-director needs the pinned Compass source: {reason}", None
+    folder = None
+    if args.real_runtime_agent:
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            return (
+                "--real-runtime-agent needs root and unshare(1): outside a pod the real "
+                "compass-runtime-agent runs in a private mount namespace holding a dummy "
+                "in-cluster ServiceAccount token (devenv/runtime_agent)",
+                None,
+            )
+        try:
+            folder = runtime_agent.build()
+        except runtime_agent.RuntimeAgentUnavailable as exc:
+            return f"--real-runtime-agent: the real compass-runtime-agent: {exc.reason}", None
+    return None, folder
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.timeout_scale <= 0:
-        print("--timeout-scale must be positive", file=sys.stderr)
+    refusal, runtime_agent_dir = preflight(args)
+    if refusal is not None:
+        print(refusal, file=sys.stderr)
         return 2
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="replace")  # ✓ and … on a terminal that cannot show them
@@ -109,6 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             keep=args.keep,
             outage=args.outage,
             timeout_scale=args.timeout_scale,
+            real_director=args.real_director,
+            real_runtime_agent=args.real_runtime_agent,
+            runtime_agent_dir=runtime_agent_dir,
         ),
         story,
     )

@@ -40,6 +40,8 @@ class DirectorCalls:
 class SimAdmin:
     """The Compass simulator's `/_sim/` API, on its admin listener (up even while "down")."""
 
+    calls_source = "as the simulator recorded them"
+
     def __init__(self, admin_url: str) -> None:
         self._http = httpx.Client(base_url=admin_url.rstrip("/") + "/_sim", timeout=5.0)
 

@@ -70,6 +70,7 @@ class Processes:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._registry = workdir / "processes.json"
         self._children: list[Child] = []
+        self._noted: list[dict[str, Any]] = []  # started by others for the demo: listed only
 
     @property
     def children(self) -> list[Child]:
@@ -91,9 +92,31 @@ class Processes:
         self._write_registry()
         return child
 
+    def adopt(self, name: str, popen: subprocess.Popen[bytes], log_path: Path) -> Child:
+        """A child someone else started for the demo (e.g. the real compass-runtime-agent):
+        listed, watched by `check_alive` and stopped by `stop_all` like our own."""
+        argv = [str(a) for a in popen.args] if isinstance(popen.args, list) else [str(popen.args)]
+        child = Child(name=name, argv=argv, log_path=log_path, popen=popen)
+        self._children.append(child)
+        self._write_registry()
+        return child
+
+    def note(self, name: str, pid: int) -> None:
+        """A process that is not our child but runs for the demo (e.g. the real Director,
+        stopped by its own stack): listed in processes.json, so leftovers can be found."""
+        try:
+            argv = [
+                a.decode(errors="replace")
+                for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+            ]
+        except OSError:
+            argv = []
+        self._noted.append({"name": name, "pid": pid, "argv": argv, "managed": False})
+        self._write_registry()
+
     def _write_registry(self) -> None:
         entries = [{"name": c.name, "pid": c.pid, "argv": c.argv} for c in self._children]
-        self._registry.write_text(json.dumps(entries, indent=2))
+        self._registry.write_text(json.dumps(entries + self._noted, indent=2))
 
     def check_alive(self) -> None:
         """Raises `ChildDied` with the log's tail when a child has exited."""

@@ -24,13 +24,22 @@ import httpx
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from devenv import clusters, kyma_module
+from devenv import clusters, kyma_module, runtime_agent
 from devenv.clusters import Binaries, TestCluster
 from devenv.demo import observe, world
+from devenv.demo.compass import CompassView, RealDirectorView
 from devenv.demo.console import StepFailed, Story, table
 from devenv.demo.observe import SimAdmin
 from devenv.demo.processes import Child, ChildDied, Processes, wait_for_json_line
 from devenv.demo.world import RuntimeSpec
+from devenv.real_director import (
+    CompassSourceMissing,
+    RealCompass,
+    RealCompassError,
+    build_director,
+    start_real_compass,
+)
+from devenv.runtime_agent import RealRuntimeAgent, RuntimeAgentUnavailable
 from devenv.runtime_agent_sim import TokenSecret, token_fingerprint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +48,14 @@ SIM_CLIENT_ID = "compass-broker-demo"
 CLUSTER_NAMES = ("kcp", "runtime-a", "runtime-b")
 DEMO_MARKER = "KYMA_COMPASS_PULL_DEMO"  # in every child's environment: the work folder
 BACKOFFS_TO_SHOW = 3  # temporary answers agent B must get while Compass is down
+REAL_DIRECTOR_COMMIT = "a423d60704"  # kyma-incubator/compass, devenv/real_director/build.sh
+REAL_AGENT_COMMIT = "859cac3"  # kyma-project/application-connector-manager
+# The real compass-runtime-agent's timers in the demo (the module: 180 s and 15 s). Only one real
+# agent can run per machine (its metrics server binds :8080, no setting), so runtime B gets it:
+# B is the runtime that connects after the outage, the hand-over the real agent makes slow.
+REAL_AGENT_KEY = "B"
+REAL_AGENT_SYNC_PERIOD = 10.0
+REAL_AGENT_MINIMAL_SYNC = 5.0
 
 # Short timers, so the whole story fits in well under two minutes. Production defaults are in
 # docs/broker.md and docs/agent.md.
@@ -75,6 +92,9 @@ class Options:
     keep: bool = False
     outage: str = "refuse"
     timeout_scale: float = 1.0
+    real_director: bool = False  # the real Director behind our gateway instead of the simulator
+    real_runtime_agent: bool = False  # Kyma's compass-runtime-agent in runtime B
+    runtime_agent_dir: Path | None = None  # its build (devenv.runtime_agent.build())
 
 
 @dataclass
@@ -87,7 +107,14 @@ class Runtime:
     agent: Child | None = None
     agent_port: int = 0
     runtime_agent: Child | None = None
+    real_agent: RealRuntimeAgent | None = None  # the real compass-runtime-agent, if it runs here
     compass_runtime_id: str = ""
+
+    @property
+    def runtime_agent_name(self) -> str:
+        if self.real_agent is not None:
+            return f"compass-runtime-agent (real, {REAL_AGENT_COMMIT})"
+        return "compass-runtime-agent (simulated)"
 
     @property
     def kubeconfig(self) -> Path:
@@ -139,8 +166,9 @@ class Demo:
             "A": RuntimeSpec.new("A", managed=True),
             "B": RuntimeSpec.new("B", managed=False),
         }
-        self.sim: SimAdmin | None = None
-        self.sim_urls: dict[str, str] = {}
+        self.sim: CompassView | None = None
+        self.sim_urls: dict[str, str] = {}  # director_url, connector_url, token_url, ...
+        self.real: RealCompass | None = None  # with --real-director
         self.broker: Child | None = None
         self.broker_url = ""
         self.manifest: list[dict[str, Any]] = []
@@ -163,9 +191,13 @@ class Demo:
         return self.clusters["kcp"]
 
     @property
-    def compass(self) -> SimAdmin:
-        assert self.sim is not None, "the simulator is not running"
+    def compass(self) -> CompassView:
+        assert self.sim is not None, "Compass is not running"
         return self.sim
+
+    @property
+    def compass_name(self) -> str:
+        return "gateway" if self.options.real_director else "simulator"
 
     def _logs(self, *children: Child | None) -> list[Path]:
         return [c.log_path for c in children if c is not None]
@@ -259,14 +291,24 @@ class Demo:
         )
 
     def start_compass(self) -> None:
+        if self.options.real_director:
+            self.start_real_director()
+        else:
+            self.start_simulator()
+
+    def start_simulator(self) -> None:
         self.story.step("Compass simulator (OAuth2 token endpoint, Director, Connector)")
         secret = secrets.token_urlsafe(24)
+        # The real compass-runtime-agent also needs the certificate-secured side after Connected.
+        module = "devenv.compass_sim"
+        if self.options.real_runtime_agent:
+            module = "devenv.demo.compass_sim_mtls"
         child = self.processes.start(
             "compass-sim",
-            [sys.executable, "-m", "devenv.compass_sim", "--client-id", SIM_CLIENT_ID],
+            [sys.executable, "-m", module, "--client-id", SIM_CLIENT_ID],
             env=_marked(self.workdir, COMPASS_SIM_CLIENT_SECRET=secret),
         )
-        self.story.waiting("python -m devenv.compass_sim")
+        self.story.waiting(f"python -m {module}")
         try:
             self.sim_urls = wait_for_json_line(
                 child, lambda e: "admin_url" in e, timeout=self._timeout(20)
@@ -285,9 +327,72 @@ class Demo:
         self.story.detail(f"Director  {self.sim_urls['director_url']}")
         self.story.detail(f"Connector {self.sim_urls['connector_url']}")
         self.story.detail(f"admin     {self.sim_urls['admin_url']}/_sim/ (faults, runtimes, calls)")
+        if "certificate_secured_url" in self.sim_urls:
+            self.story.detail(
+                f"mTLS      {self.sim_urls['certificate_secured_url']} (certificate-secured "
+                "Connector and Director, for the real compass-runtime-agent)"
+            )
         self.story.done(
             "Compass is up; the broker gets OAuth client credentials in "
             "compass-manager's file format"
+        )
+
+    def start_real_director(self) -> None:
+        self.story.step(
+            f"The real Compass Director (kyma-incubator/compass {REAL_DIRECTOR_COMMIT}) behind our "
+            "gateway (OAuth2 token endpoint, JWT, Connector)"
+        )
+        self.story.waiting(
+            "devenv/real_director/build.sh: the cached build, or a build from the pinned source "
+            "(the first one takes minutes)"
+        )
+        try:
+            folder = build_director()
+        except CompassSourceMissing as exc:
+            raise StepFailed(f"--real-director needs the pinned Compass source: {exc}") from exc
+        except RealCompassError as exc:
+            raise StepFailed(f"the real Director could not be built: {exc}") from exc
+        self.story.waiting(
+            "PostgreSQL with Director's schema, Director (its ConfigMap and Secrets in KCP, "
+            "namespace of their own), the gateway"
+        )
+        try:
+            stack = start_real_compass(
+                self.workdir / "real-director", cluster=self.kcp, director_folder=folder
+            )
+        except RealCompassError as exc:
+            raise StepFailed(f"the real Director did not start: {exc}") from exc
+        self.real = stack
+        self.sim = RealDirectorView(stack)
+        for name, pid in stack.pids().items():
+            self.processes.note(f"real-director-{name}", pid)
+        self.sim_urls = {
+            "director_url": stack.director_url,
+            "connector_url": stack.connector_url,
+            "token_url": stack.token_url,
+        }
+        for spec in self.specs.values():
+            stack.add_global_account(spec.global_account)
+            stack.add_subaccount(spec.subaccount, parent=spec.global_account, region="westeurope")
+            self.story.detail(
+                f"{spec.title}: global account {spec.global_account[:8]}… and subaccount "
+                f"{spec.subaccount[:8]}… written as Director's tenants (as the tenant fetcher "
+                "syncs them)"
+            )
+        stack.write_credentials_file(self.secrets_dir / "director-credentials.yaml")
+        self.story.detail(f"gateway   {stack.gateway_url} (admin: /_gateway/calls)")
+        self.story.detail(f"Director  {stack.director_url}")
+        self.story.detail(
+            f"Connector {stack.connector_url} (one-time tokens checked and spent in Director's "
+            "database, as Compass's hydrator does through Director)"
+        )
+        self.story.detail(
+            f"started in {stack.timings.get('total', 0.0):.1f}s; Director's log "
+            f"{stack.director_log}"
+        )
+        self.story.done(
+            "Compass is up; the broker gets OAuth client credentials in compass-manager's file "
+            "format, from the gateway's token endpoint"
         )
 
     def seed_control_plane(self) -> None:
@@ -388,11 +493,15 @@ class Demo:
 
     def start_agents(self) -> None:
         self.story.step(
-            "One agent per runtime (python -m agent) and a simulated compass-runtime-agent"
+            "One agent per runtime (python -m agent) and a compass-runtime-agent"
+            + (" (real in runtime B)" if self.options.real_runtime_agent else " (simulated)")
         )
         for runtime in self.runtimes.values():
             self._start_agent(runtime)
-            self._start_runtime_agent(runtime)
+            if self.options.real_runtime_agent and runtime.spec.key == REAL_AGENT_KEY:
+                self._start_real_runtime_agent(runtime)
+            else:
+                self._start_runtime_agent(runtime)
         for runtime in self.runtimes.values():
             assert runtime.agent is not None
             try:
@@ -423,6 +532,17 @@ class Demo:
                 f"agent {runtime.spec.key}: {runtime.agent_url}/metrics, runtime ID "
                 f"{runtime.spec.runtime_id} {source}"
             )
+            if runtime.real_agent is not None:
+                self.story.detail(
+                    f"runtime {runtime.spec.key}: {runtime.runtime_agent_name} as ServiceAccount "
+                    f"{runtime_agent.AGENT_NAMESPACE}/{runtime_agent.SERVICE_ACCOUNT} (its own "
+                    f"RBAC), sync period {REAL_AGENT_SYNC_PERIOD:g}s, minimal sync "
+                    f"{REAL_AGENT_MINIMAL_SYNC:g}s (the module: 180s, 15s)"
+                )
+                self.story.detail(
+                    f"           only one real agent per machine (its metrics server binds "
+                    f":{runtime_agent.METRICS_PORT}): the other runtime keeps the simulated one"
+                )
         self.story.done("agents ready and idle: the module is not enabled anywhere yet")
 
     def _start_agent(self, runtime: Runtime) -> None:
@@ -441,6 +561,9 @@ class Demo:
             "AGENT_IDENTITY": f"compass-agent-{spec.key.lower()}",
             **AGENT_TIMERS,
         }
+        if self.options.real_runtime_agent and spec.key == REAL_AGENT_KEY:
+            # The hand-over waits out the real agent's minimal sync time (plus a second).
+            local["AGENT_RUNTIME_AGENT_MIN_SYNC"] = f"{REAL_AGENT_MINIMAL_SYNC + 1:g}"
         env = _marked(self.workdir, **{**world.agent_environment(self.manifest), **local})
         runtime.agent = self.processes.start(
             f"agent-{spec.key.lower()}", [sys.executable, "-m", "agent"], env=env
@@ -460,6 +583,27 @@ class Demo:
             ],
             env=_marked(self.workdir),
         )
+
+    def _start_real_runtime_agent(self, runtime: Runtime) -> None:
+        folder = self.options.runtime_agent_dir
+        if folder is None:
+            raise StepFailed("--real-runtime-agent: the agent's build folder is not known")
+        name = f"runtime-agent-{runtime.spec.key.lower()}"
+        real = RealRuntimeAgent(
+            runtime.cluster,
+            folder,
+            self.workdir / name,
+            sync_period=REAL_AGENT_SYNC_PERIOD,
+            minimal_sync=REAL_AGENT_MINIMAL_SYNC,
+            lock_timeout=self._timeout(30),
+        )
+        try:
+            real.start()
+        except RuntimeAgentUnavailable as exc:
+            raise StepFailed(f"the real compass-runtime-agent cannot run: {exc.reason}") from exc
+        runtime.real_agent = real
+        assert real.process is not None
+        runtime.runtime_agent = self.processes.adopt(name, real.process, real.log_path)
 
     def _wait_for_secret(self, runtime: Runtime, *, timeout: float) -> TokenSecret:
         secret: TokenSecret = self.story.wait_for(
@@ -489,23 +633,46 @@ class Demo:
         )
 
     def runtime_agent_connects(self, runtime: Runtime) -> None:
-        self.story.step(f"compass-runtime-agent (simulated) in {runtime.spec.title} connects")
-        self.story.detail(
-            "reads the secret, calls Connector `configuration` with Connector-Token, makes an "
-            "RSA key and a CSR for the returned subject, `signCertificateSigningRequest`"
-        )
+        self.story.step(f"{runtime.runtime_agent_name} in {runtime.spec.title} connects")
+        if runtime.real_agent is None:
+            self.story.detail(
+                "reads the secret, calls Connector `configuration` with Connector-Token, makes an "
+                "RSA key and a CSR for the returned subject, `signCertificateSigningRequest`"
+            )
+            timeout = self._timeout(20)
+        else:
+            self.story.detail(
+                "it acts when its controller resyncs, not when the secret changes: agent "
+                f"{runtime.spec.key} hands the token over by annotating the CompassConnection "
+                "once the minimal sync time since its last try has passed"
+            )
+            timeout = self._timeout(2 * REAL_AGENT_SYNC_PERIOD + 30)
         state = self.story.wait_for(
             "CompassConnection compass-connection: Connected",
             lambda: _connected(runtime.cluster),
-            timeout=self._timeout(20),
+            timeout=timeout,
             guard=self._guard,
-            logs=self._logs(runtime.runtime_agent),
+            logs=self._logs(runtime.runtime_agent, runtime.agent),
         )
         subject, not_after = _client_certificate(runtime.cluster)
+        if runtime.real_agent is not None:
+            state = self.story.wait_for(
+                "then it checks the connection at the certificate-secured Connector and syncs "
+                "with Director over mTLS: Synchronized",
+                lambda: _synchronized(runtime.cluster),
+                timeout=self._timeout(2 * REAL_AGENT_SYNC_PERIOD + 30),
+                guard=self._guard,
+                logs=self._logs(runtime.runtime_agent, runtime.agent),
+            )
+        if self.real is not None:
+            self.story.detail(
+                "CN is the ID of the SystemAuth in which Director keeps the runtime's one-time "
+                "token, as the real Connector names certificates"
+            )
+        used = self.compass.connector_exchanges(runtime.compass_runtime_id)
         self.story.done(
             f"{state}: client certificate {subject}, valid until {not_after}; "
-            f"Connector tokens used: {self.compass.connector_exchanges(runtime.compass_runtime_id)}"
-            " (the one-time token, then the CSR token)"
+            f"Connector tokens used: {used} (the one-time token, then the CSR token)"
         )
 
     def show_mappings(self, *, connected: tuple[str, ...]) -> None:
@@ -564,7 +731,9 @@ class Demo:
         )
 
     def take_compass_down(self) -> None:
-        self.story.step(f"Compass becomes unavailable (simulator fault down={self.options.outage})")
+        self.story.step(
+            f"Compass becomes unavailable ({self.compass_name} fault down={self.options.outage})"
+        )
         self.compass.set_down(self.options.outage)
         if self.options.outage == "refuse":
             self.story.wait_for(
@@ -643,7 +812,7 @@ class Demo:
             problems.append("agent B /healthz is not 200")
         if world.token_secret(runtime_b.cluster) is not None:
             problems.append("runtime B has a token secret although Compass is down")
-        if world.connection_state(runtime_a.cluster) != "Connected":
+        if world.connection_state(runtime_a.cluster) not in CONNECTED_STATES:
             problems.append("runtime A lost its connection")
         agent_a = observe.scrape(f"{runtime_a.agent_url}/metrics")
         if observe.sample(agent_a, "compass_agent_pull_attempts_total", outcome="temporary"):
@@ -653,7 +822,7 @@ class Demo:
 
     def bring_compass_back(self) -> None:
         runtime = self.runtimes["B"]
-        self.story.step("Compass is back (faults cleared)")
+        self.story.step(f"Compass is back ({self.compass_name} faults cleared)")
         self.compass.clear_faults()
         self.story.wait_for(
             "Compass listens again",
@@ -733,7 +902,10 @@ class Demo:
             summary.calls[spec.title] = calls.describe()
         expected = {"A": "unregistered", "B": "registered"}
         for key, row in zip(self.runtimes, summary.rows, strict=True):
-            if row[2] != expected[key] or row[4] != "Connected" or row[3] != "yes":
+            real = self.runtimes[key].real_agent is not None
+            # The real agent goes on from Connected to Synchronized (Director over mTLS).
+            connected = row[4] == ("Synchronized" if real else "Connected")
+            if row[2] != expected[key] or not connected or row[3] != "yes":
                 problems.append(f"runtime {key}: {row[2]}, secret {row[3]}, {row[4]}")
         self._print_summary(summary)
         if problems:
@@ -754,7 +926,7 @@ class Demo:
         for line in table(headers, summary.rows):
             self.story.say(f"  {line}")
         self.story.say()
-        self.story.say("  Director calls by operation (as the simulator recorded them):")
+        self.story.say(f"  Director calls by operation ({self.compass.calls_source}):")
         for title, calls in summary.calls.items():
             self.story.say(f"    {title}: {calls}")
         self.story.say()
@@ -770,18 +942,48 @@ class Demo:
         self.story.say("Everything keeps running; Ctrl-C stops it all.")
         for name in CLUSTER_NAMES:
             self.story.say(f"  {name:<10} KUBECONFIG={self.clusters[name].kubeconfig_path}")
-        self.story.say(f"  Compass    Director {self.sim_urls['director_url']}")
-        self.story.say(f"             Connector {self.sim_urls['connector_url']}")
-        self.story.say(
-            f"             admin {self.sim_urls['admin_url']}/_sim/ "
-            f"(e.g. curl {self.sim_urls['admin_url']}/_sim/runtimes)"
-        )
+        if self.real is not None:
+            self._print_real_director_access(self.real)
+        else:
+            self.story.say(f"  Compass    Director {self.sim_urls['director_url']}")
+            self.story.say(f"             Connector {self.sim_urls['connector_url']}")
+            self.story.say(
+                f"             admin {self.sim_urls['admin_url']}/_sim/ "
+                f"(e.g. curl {self.sim_urls['admin_url']}/_sim/runtimes)"
+            )
+            if "certificate_secured_url" in self.sim_urls:
+                self.story.say(f"             mTLS {self.sim_urls['certificate_secured_url']}")
         self.story.say(f"  broker     {self.broker_url}  (/metrics, /readyz)")
         for runtime in self.runtimes.values():
             self.story.say(
                 f"  agent {runtime.spec.key}    {runtime.agent_url}  (/metrics, /readyz)"
             )
+        for runtime in self.runtimes.values():
+            if runtime.real_agent is not None:
+                self.story.say(
+                    f"  compass-runtime-agent in runtime {runtime.spec.key}: log "
+                    f"{runtime.real_agent.log_path}"
+                )
         self.story.say(f"  logs       {self.processes.log_dir}")
+
+    def _print_real_director_access(self, stack: RealCompass) -> None:
+        found = stack.endpoints()
+        credentials = self.secrets_dir / "director-credentials.yaml"
+        self.story.say(f"  Compass    gateway {stack.gateway_url}")
+        self.story.say(f"             Director {stack.director_url} (Bearer from the token URL)")
+        self.story.say(f"             token URL {stack.token_url}")
+        self.story.say(f"             Connector {stack.connector_url}")
+        self.story.say(
+            f"             credentials {credentials} (compass-manager's format; e.g. curl -u "
+            "<client_id>:<client_secret> -d grant_type=client_credentials <token URL>)"
+        )
+        self.story.say(
+            f"             admin {stack.gateway_url}/_gateway/calls (calls per operation), "
+            "/_gateway/faults, /_gateway/down"
+        )
+        self.story.say(f"             Director itself {found['director_internal_url']}/graphql")
+        self.story.say(f"             PostgreSQL {found['postgres']} (psql from the wheel)")
+        self.story.say(f"             Director's log {stack.director_log}")
 
     def keep_running(self) -> None:
         """Until Ctrl-C: refresh the projected tokens as the kubelet would; stop if a child dies."""
@@ -798,9 +1000,17 @@ class Demo:
 
     def close(self) -> None:
         """Stops every process the demo started and removes keys and cluster data."""
+        for runtime in self.runtimes.values():
+            if runtime.real_agent is not None:
+                runtime.real_agent.stop()  # also frees the machine-wide lock on its port
+                runtime.real_agent.workdir.joinpath("runtime-agent.kubeconfig").unlink(
+                    missing_ok=True
+                )
         self.processes.stop_all()
         if self.sim is not None:
             self.sim.close()
+        # Director's kubeconfig (KCP's admin) and configuration; its logs stay.
+        shutil.rmtree(self.workdir / "real-director" / "home", ignore_errors=True)
         with ThreadPoolExecutor(max_workers=len(CLUSTER_NAMES)) as pool:
             list(pool.map(TestCluster.stop, list(self.clusters.values())))
         self.clusters.clear()
@@ -837,9 +1047,18 @@ def _at_least(items: list[observe.Backoff], count: int) -> list[observe.Backoff]
     return items if len(items) >= count else None
 
 
+# A CompassConnection with a certificate that works: the real agent's Connected is transient.
+CONNECTED_STATES = ("Connected", "Synchronized")
+
+
 def _connected(cluster: TestCluster) -> str | None:
     state = world.connection_state(cluster)
-    return state if state == "Connected" else None
+    return state if state in CONNECTED_STATES else None
+
+
+def _synchronized(cluster: TestCluster) -> str | None:
+    state = world.connection_state(cluster)
+    return state if state == "Synchronized" else None
 
 
 def _client_certificate(cluster: TestCluster) -> tuple[str, str]:

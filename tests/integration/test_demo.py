@@ -3,9 +3,12 @@
 `test_runtime_agent_sim_*` checks the simulated compass-runtime-agent's exchange on its own,
 against the Compass simulator in-process (fast, no clusters). The first demo test lets the whole
 story run and checks what it says it did (the steps in order, the back-off while Compass is down,
-the summary table) and that it leaves no process and no key behind. The second interrupts it in
-the middle, as Ctrl-C would, and checks the same clean-up. Both start their own clusters through
-the demo (not the session fixtures).
+the summary table) and that it leaves no process and no key behind. The same story runs on the
+real Director (`--real-director`, skipped where its source cannot be had) and with the real
+compass-runtime-agent in runtime B (`--real-runtime-agent`, skipped without root, unshare or its
+source; about a minute more, for its resyncs). Another test interrupts the demo in the middle, as
+Ctrl-C would, and checks the same clean-up; one checks that options that cannot work here are
+refused at once. All start their own clusters through the demo (not the session fixtures).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from cryptography.x509.oid import NameOID
 
 from devenv.compass_sim import CompassSimulator, SimConfig
 from devenv.compass_sim.testing import REQUEST_ONE_TIME_TOKEN, DirectorClient, fetch_token
+from devenv.real_director import find_compass_source
 from devenv.runtime_agent_sim import ExchangeError, exchange_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -110,27 +114,38 @@ def test_runtime_agent_sim_exchanges_a_token_for_a_certificate_once() -> None:
         assert sim.counter("signCertificateSigningRequest").attempts == 1
 
 
-@pytest.mark.timeout(240)
-def test_the_demo_tells_the_whole_story_and_leaves_nothing_running(tmp_path: Path) -> None:
-    workdir = tmp_path / "demo"
+def run_demo(workdir: Path, *args: str, timeout: float = 220) -> str:
+    """Runs the demo to its end; its stdout, once it exited 0 and left nothing running."""
     result = subprocess.run(
-        demo_command(workdir),
+        demo_command(workdir, *args),
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=220,
+        timeout=timeout,
         check=False,
     )
     out = result.stdout
     assert result.returncode == 0, f"demo failed:\n{out[-6000:]}\n{result.stderr[-3000:]}"
     assert leftovers(workdir) == []
+    # Nothing secret printed; keys, tokens and cluster data removed; the logs kept.
+    assert not JWT.search(out + result.stderr)
+    assert re.search(r"TOKEN\s+\d+ chars, sha256:[0-9a-f]{12}", out)
+    assert not (workdir / "secrets").exists()
+    assert not list((workdir / "clusters").glob("*/etcd"))
+    assert not list((workdir / "clusters").glob("*/pki"))
+    for name in ("broker", "agent-a", "agent-b", "runtime-agent-b"):
+        assert (workdir / "logs" / f"{name}.log").stat().st_size > 0
+    return out
 
-    # The story, in this order.
+
+def check_story(out: str, *, compass: str, runtime_agent_b: str) -> None:
+    """The whole story happened, in order, and ended as it should (`compass`: the step that
+    starts Compass; `runtime_agent_b`: how runtime B's compass-runtime-agent is named)."""
     milestones = [
         "Three API servers",
         "The agent's Kyma module kyma-project.io/module/compass-agent",
         "no broker URL, no runtime ID in it",
-        "Compass simulator",
+        compass,
         "KCP: Kyma CRs and runtime kubeconfig Secrets",
         "no kubeconfig Secret: KCP cannot reach this cluster",
         "the agent arrives as the compass-agent Kyma module",
@@ -157,7 +172,7 @@ def test_the_demo_tells_the_whole_story_and_leaves_nothing_running(tmp_path: Pat
         "runtime A connected, as their agents reported",
         "Compass is back",
         "agent B pulls a token",
-        "compass-runtime-agent (simulated) in runtime B (BYOC) connects",
+        f"{runtime_agent_b} in runtime B (BYOC) connects",
         "runtime A and runtime B connected, as their agents reported",
         "An operator revokes runtime B (BYOC) in KCP",
         'compass-broker.kyma-project.io/revoked="demo: decommissioned"',
@@ -183,12 +198,18 @@ def test_the_demo_tells_the_whole_story_and_leaves_nothing_running(tmp_path: Pat
     assert all(float(s.rstrip("s")) >= 1 for s in backoff.group(2).split(", "))
     assert re.search(r"broker: token requests compass-unavailable: \d+", out)
 
+    # Compass (simulator or Director's database) holds one runtime per Kyma when each connects.
+    assert "Compass has 1 runtime for this global account" in out
+    assert "Compass has 1 runtime for its global account" in out
+
     # The summary: A connected, then unregistered after its Kyma was deleted; B registered once
-    # and connected after the outage; each with the Director calls the simulator recorded.
+    # (exactly its runtime ID in Compass, else the row says how many) and connected after the
+    # outage; each with the Director calls Compass recorded.
     rows = summary_rows(out)
     a, b = rows["runtime A (managed)"], rows["runtime B (BYOC)"]
+    b_connected = "Synchronized" if "(real" in runtime_agent_b else "Connected"
     assert (a["in Compass"], a["secret"], a["connection"]) == ("unregistered", "yes", "Connected")
-    assert (b["in Compass"], b["secret"], b["connection"]) == ("registered", "yes", "Connected")
+    assert (b["in Compass"], b["secret"], b["connection"]) == ("registered", "yes", b_connected)
     assert UUID.match(a["Compass runtime ID"])
     assert UUID.match(b["Compass runtime ID"])
     assert a["Compass runtime ID"] != b["Compass runtime ID"]
@@ -205,18 +226,68 @@ def test_the_demo_tells_the_whole_story_and_leaves_nothing_running(tmp_path: Pat
     assert "registerRuntime: 1," in by_operation["runtime B (BYOC)"]
     assert "unregisterRuntime" not in by_operation["runtime B (BYOC)"]
 
+
+def took_seconds(out: str) -> float:
     took = re.search(r"the demo took ([\d.]+)s", out)
     assert took is not None
-    assert float(took.group(1)) < 120
+    return float(took.group(1))
 
-    # Nothing secret printed; keys, tokens and cluster data removed; the logs kept.
-    assert not JWT.search(out + result.stderr)
-    assert re.search(r"TOKEN\s+\d+ chars, sha256:[0-9a-f]{12}", out)
-    assert not (workdir / "secrets").exists()
-    assert not list((workdir / "clusters").glob("*/etcd"))
-    assert not list((workdir / "clusters").glob("*/pki"))
-    for name in ("broker", "agent-a", "agent-b", "compass-sim", "runtime-agent-b"):
-        assert (workdir / "logs" / f"{name}.log").stat().st_size > 0
+
+@pytest.mark.timeout(240)
+def test_the_demo_tells_the_whole_story_and_leaves_nothing_running(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    out = run_demo(workdir)
+    check_story(
+        out,
+        compass="Compass simulator",
+        runtime_agent_b="compass-runtime-agent (simulated)",
+    )
+    assert "Director calls by operation (as the simulator recorded them)" in out
+    assert (workdir / "logs" / "compass-sim.log").stat().st_size > 0
+    assert took_seconds(out) < 120
+
+
+@pytest.mark.timeout(300)
+def test_the_demo_on_the_real_director(tmp_path: Path) -> None:
+    where, reason = find_compass_source()
+    if where is None:
+        pytest.skip(f"the real Compass Director cannot be built here: {reason}")
+    workdir = tmp_path / "demo"
+    out = run_demo(workdir, "--real-director", timeout=280)
+    check_story(
+        out,
+        compass="The real Compass Director (kyma-incubator/compass a423d60704) behind our gateway",
+        runtime_agent_b="compass-runtime-agent (simulated)",
+    )
+    assert "Compass becomes unavailable (gateway fault down=refuse)" in out
+    assert "Compass is back (gateway faults cleared)" in out
+    # The runtime agents' tokens are Director's, spent at the gateway's Connector.
+    assert out.count("Connector tokens used: 2 (the one-time token, then the CSR token)") == 2
+    assert "CN is the ID of the SystemAuth in which Director keeps the runtime's" in out
+    assert "Director calls by operation (as the gateway counted them in front of the real" in out
+    # Director and PostgreSQL were listed while they ran, and are gone (leftovers() above).
+    listed = {e["name"] for e in json.loads((workdir / "processes.json").read_text())}
+    assert {"real-director-director", "real-director-postgres"} <= listed
+    assert (workdir / "real-director" / "director.log").stat().st_size > 0
+    assert not (workdir / "real-director" / "home").exists()  # Director's kubeconfig
+    assert took_seconds(out) < 120
+
+
+def test_options_that_cannot_work_here_are_refused_at_once(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = subprocess.run(
+        demo_command(tmp_path / "demo", "--real-director", "--real-runtime-agent"),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "cannot be combined" in result.stderr
+    assert "Synchronized" in result.stderr  # and why
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "demo" / "processes.json").exists()
 
 
 @pytest.mark.timeout(120)
