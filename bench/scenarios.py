@@ -66,6 +66,7 @@ from bench.stack import (
     start_simulator,
     unique_namespace,
 )
+from control_plane_broker.registration import state as registration_state
 from control_plane_broker.settings import Settings
 from kubeapi import KubeError
 
@@ -178,9 +179,8 @@ class Bench:
         workdir = run_workdir(self.config.workdir, spec.label.replace(" ", "_").replace(",", ""))
         namespace = unique_namespace(f"bench-{spec.scenario}")
         keys = self.keys[: spec.n]
-        self.progress.say(f"{spec.label}: seeding {spec.n} Kyma CRs in KCP namespace {namespace}")
+        self.progress.say(f"{spec.label}: KCP namespace {namespace}")
         await self.kcp.create_namespace(namespace)
-        await self.kcp.seed_kymas(namespace, keys)
         if spec.identity_mode == "tokenreview":
             clusters = self._clusters()
             await self.kcp.seed_kubeconfigs(namespace, keys, clusters.kubeconfigs)
@@ -202,6 +202,13 @@ class Bench:
                 cprofile_first=cprofile,
             )
             try:
+                # The Kymas arrive while the brokers run, as new runtimes do in a landscape: a
+                # Kyma created after a broker's mapping watch listed is certainly new to it and
+                # registers without a look-up (a Kyma older than the broker is looked up first).
+                await asyncio.sleep(CERTAINLY_NEW_AFTER)
+                self.progress.say(f"{spec.label}: seeding {spec.n} Kyma CRs")
+                await self.kcp.seed_kymas(namespace, keys)
+                await asyncio.to_thread(wait_kymas_cached, brokers, spec.n)
                 yield Run(
                     spec=spec,
                     namespace=namespace,
@@ -839,6 +846,25 @@ class LoadPhase:
     figures: LatencyFigures
     started_wall: float
     ended_wall: float
+
+
+# The broker's clock-skew allowance for "created after the watch listed", and a second more.
+CERTAINLY_NEW_AFTER = registration_state.SKEW_SECONDS + 1.0
+
+
+def wait_kymas_cached(brokers: Sequence[Broker], n: int, *, timeout: float = 300.0) -> None:
+    """Until every broker's Kyma cache holds the run's `n` Kymas (a fleet that asked before
+    would be refused as unknown runtimes)."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=5.0) as http:
+        for broker in brokers:
+            while True:
+                samples = unlabelled_samples(http.get(f"{broker.url}/metrics").text)
+                if samples.get("broker_kymas_cached", 0.0) >= n:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{broker.url} cached fewer than {n} Kymas in {timeout} s")
+                time.sleep(0.2)
 
 
 def breaker_opened_at(scrapes: Iterable[Mapping[str, float]], now: float) -> float | None:

@@ -62,6 +62,9 @@ class Metrics:
         self.labels_synced = Counter(
             "broker_director_labels_synced_total", "Director labels written.", registry=r
         )
+        self.kymas_cached = Gauge(
+            "broker_kymas_cached", "Kyma CRs in the broker's watch cache.", registry=r
+        )
         self.cache_synced = Gauge(
             "broker_kyma_cache_synced", "1 once the Kyma cache has synced.", registry=r
         )
@@ -114,6 +117,10 @@ class Metrics:
     def watch_fleet(self, compute: Callable[[], Fleet]) -> None:
         """The fleet gauges come from `compute` (over the watch-fed view), called at scrape time."""
         self._fleet.compute = compute
+
+    def watch_kymas(self, count: Callable[[], int]) -> None:
+        """The Kymas in the watch cache, counted at scrape time."""
+        self.kymas_cached.set_function(count)
 
     def watch_door(self, compute: Callable[[], int]) -> None:
         """Requests parked at the door in front of the app (`api/door.py`), read at scrape."""
