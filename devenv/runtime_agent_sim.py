@@ -37,9 +37,9 @@ Not imitated: Applications (Director's list is applied by the real agent; the si
 always empty, and the stand-in touches no Application), metrics and health endpoints.
 
 `--interval S` is the option of the stand-in before issue 27, kept for callers that still pass
-it: sync period and minimal sync time S, the CA Secret in `--namespace`, and it stops at
-`Connected` (no certificate-secured check, no Director sync), for a Compass without its
-certificate-secured side.
+it: sync period S, minimal sync time S (at least 1 s), the CA Secret in `--namespace`, and it
+stops at `Connected` (no certificate-secured check, no Director sync), for a Compass without
+its certificate-secured side.
 
 Run: `python -m devenv.runtime_agent_sim --kubeconfig FILE` (see `--help`); it stops on
 SIGTERM/SIGINT.
@@ -494,21 +494,8 @@ class RuntimeAgentSim:
         until_connected: bool = False,
         key_size: int = KEY_SIZE,
         fraction: float | None = None,
-        **legacy: Any,
     ) -> None:
         names = names or Names()
-        if legacy:  # the keyword arguments of the stand-in before issue 27
-            interval = float(legacy.pop("interval", 0.5))
-            names = Names(
-                namespace=legacy.pop("namespace", names.namespace),
-                config_secret=legacy.pop("secret_name", names.config_secret),
-                certificate_secret=legacy.pop("certificate_secret", names.certificate_secret),
-                ca_secret=f"{legacy.get('namespace', names.namespace)}/kyma-gateway-certs-cacert",
-            )
-            if legacy:
-                raise TypeError(f"unexpected arguments {sorted(legacy)}")
-            timing = Timing(sync_period=interval, minimal_sync=interval)
-            until_connected = True
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
         self.names = names
@@ -936,8 +923,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval",
         type=float,
         default=None,
-        help="the earlier stand-in's option: sync period and minimal sync time, the CA Secret "
-        "in --namespace and --until-connected",
+        help="the earlier stand-in's option: sync period and minimal sync time (at least 1 s), "
+        "the CA Secret in --namespace and --until-connected",
     )
     parser.add_argument("--log-level", default="INFO")
     return parser
@@ -950,10 +937,12 @@ def sim_from_args(api: client.ApiClient, args: argparse.Namespace) -> RuntimeAge
         if args.sync_period is not None
         else (args.interval if legacy else Timing.sync_period)
     )
+    # Under a second Go's whole-second comparison never skips and every own update would trigger
+    # the next attempt at once: the earlier option's minimal sync time is at least 1 s.
     minimal = (
         args.minimal_sync
         if args.minimal_sync is not None
-        else (args.interval if legacy else Timing.minimal_sync)
+        else (max(args.interval, 1.0) if legacy else Timing.minimal_sync)
     )
     ca_secret = args.ca_secret or (
         f"{args.namespace}/kyma-gateway-certs-cacert" if legacy else Names.ca_secret
