@@ -141,6 +141,9 @@ class RegistrationService:
     def _observe(self, name: str) -> None:
         if self._cache.get(name) is not None:
             return
+        # Whatever we knew of the mapping that went is void: someone may have claimed and
+        # registered under another mapping of that name since.
+        self._unregistered.discard(name)
         if len(self._vanished) >= MAX_VANISHED:
             self._vanished.clear()
             self._vanished_since = self._clock()
