@@ -160,7 +160,7 @@ class Handover:
         await self.broker.start()
         self._stack.push_async_callback(self.broker.stop)
         self.cluster.create_namespace(self.namespace)
-        self.delete_connection()
+        self._clean_cluster()  # what an earlier run on this cluster left
         self._stack.callback(self._clean_cluster)
         await self._start_agent()
 
@@ -201,6 +201,10 @@ class Handover:
             await asyncio.wait_for(self._agent_task, timeout=30)
 
     def _clean_cluster(self) -> None:
+        with contextlib.suppress(ApiException):  # the module disabled: no Kyma CR
+            self.cluster.custom.delete_namespaced_custom_object(
+                *KYMA[:2], self.namespace, KYMA[2], "default"
+            )
         self.delete_connection()
         for name in ("compass-agent-configuration", "cluster-client-certificates"):
             with contextlib.suppress(ApiException):
