@@ -532,7 +532,8 @@ class RuntimeAgentSim:
         requeue_at: float | None = None
         while not stop.is_set():
             now = time.monotonic()
-            if now >= clock.next_tick and clock.tick(now):
+            # A resync delivers the objects in the informer's cache: none, none delivered.
+            if now >= clock.next_tick and clock.tick(now) and seen is not None:
                 log.debug("resync")
                 pending = True
             if requeue_at is not None and now >= requeue_at:
