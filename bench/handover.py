@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import shutil
 import statistics
 import subprocess
@@ -70,6 +71,7 @@ class HandoverResult:
     reconnects: list[Reconnect] = field(default_factory=list)
     wall_seconds: float = 0.0
     complete: bool = False
+    random_phase: bool = False  # failures at a random point of the resync cycle
 
     @property
     def tokens_per_reconnect(self) -> float | None:
@@ -106,7 +108,15 @@ def render_section(result: HandoverResult, command: str) -> str:
         + ("complete" if result.complete else "**interrupted: partial figures**")
         + f", {result.wall_seconds / 60:.0f} min wall time on 2 shared cores. A reconnect: the "
         "CompassConnection deleted, the real agent starts over with the token it already spent "
-        "(`ConnectionFailed`), our agent pulls one token and hands it over.",
+        "(`ConnectionFailed`), our agent pulls one token and hands it over. "
+        + (
+            "Each failure came after a random wait of up to one period, anywhere in the "
+            "real agent's resync cycle."
+            if result.random_phase
+            else "Each failure came right after the previous `Synchronized`, i.e. just after a "
+            "resync of the real agent: the times to `Synchronized` are the worst case, one "
+            "whole period (`--random-phase` puts failures anywhere in the cycle)."
+        ),
         "",
         "| | figure |",
         "|---|---|",
@@ -231,6 +241,8 @@ async def measure(args: argparse.Namespace, result: HandoverResult, progress: Pr
                     f"{result.first_synchronized:.0f} s"
                 )
                 for index in range(1, args.reconnects + 1):
+                    if args.random_phase:
+                        await asyncio.sleep(random.uniform(0, period))
                     before = h.tokens_issued()
                     h.delete_connection()
                     failed = await _until(
@@ -286,11 +298,19 @@ def write_outputs(args: argparse.Namespace, result: HandoverResult) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=2) + "\n")
     if args.docs:
-        command = (
-            f"python -m bench.handover --reconnects {args.reconnects} "
-            f"--sync-period {args.sync_period:g} --docs"
+        DOCS.write_text(
+            replace_section(DOCS.read_text(), render_section(result, reproduce(result)))
         )
-        DOCS.write_text(replace_section(DOCS.read_text(), render_section(result, command)))
+
+
+def reproduce(result: HandoverResult) -> str:
+    """The command that measures `result` again."""
+    return (
+        f"python -m bench.handover --reconnects {max(len(result.reconnects), 1)} "
+        f"--sync-period {result.sync_period:g} --minimal-sync {result.minimal_sync:g}"
+        + (" --random-phase" if result.random_phase else "")
+        + " --docs"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -312,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=15.0,
         help="its APP_MINIMAL_COMPASS_SYNC_TIME in seconds (default: the module's 15)",
+    )
+    parser.add_argument(
+        "--random-phase",
+        action="store_true",
+        help="before each failure wait a random time up to one period, so failures fall "
+        "anywhere in the real agent's resync cycle (default: right after the previous "
+        "Synchronized, the worst case for the time to Synchronized)",
     )
     parser.add_argument(
         "--out",
@@ -346,12 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.from_json is not None:
         saved = result_from_json(json.loads(args.from_json.read_text()))
-        args.reconnects = len(saved.reconnects)
-        command = (
-            f"python -m bench.handover --reconnects {args.reconnects} "
-            f"--sync-period {saved.sync_period:g} --docs"
-        )
-        DOCS.write_text(replace_section(DOCS.read_text(), render_section(saved, command)))
+        DOCS.write_text(replace_section(DOCS.read_text(), render_section(saved, reproduce(saved))))
         return 0
     progress = Progress()
     result = HandoverResult(
@@ -359,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         sync_period=args.sync_period,
         minimal_sync=args.minimal_sync,
+        random_phase=args.random_phase,
     )
     began = time.monotonic()
     code = 0

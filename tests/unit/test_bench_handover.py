@@ -8,6 +8,7 @@ from bench.handover import (
     Reconnect,
     render_section,
     replace_section,
+    reproduce,
     result_from_json,
     spread,
 )
@@ -56,3 +57,13 @@ def test_a_saved_run_reads_back() -> None:
     saved = result()
     data = {**saved.__dict__, "reconnects": [r.__dict__ for r in saved.reconnects], "x": 1}
     assert result_from_json(data) == saved
+
+
+def test_the_command_to_reproduce_names_the_settings() -> None:
+    run = result()
+    assert reproduce(run) == (
+        "python -m bench.handover --reconnects 3 --sync-period 180 --minimal-sync 15 --docs"
+    )
+    run.random_phase = True
+    assert reproduce(run).endswith("--random-phase --docs")
+    assert "anywhere in the real agent's resync cycle" in render_section(run, reproduce(run))
