@@ -59,19 +59,25 @@ import logging
 import random
 import secrets
 import socket
+import ssl
+import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs
 
 import httpx
 import jwt
 import uvicorn
+from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
 from graphql import (
     FieldNode,
     GraphQLError,
@@ -81,6 +87,7 @@ from graphql import (
     parse,
 )
 
+from devenv import pki
 from devenv.compass_sim.ca import CertificateAuthority, CsrRejectedError, load_csr, subject_problem
 from devenv.compass_sim.config import CsrSubject
 from devenv.compass_sim.connector import KEY_ALGORITHM, ConnectorUrls
@@ -104,6 +111,9 @@ Query = Callable[[str, Mapping[str, str]], list[tuple[str, ...]]]
 FLOW = "OAuth2"
 CONSUMER_TYPE = "Integration System"
 DEFAULT_SCOPES = frozenset({"runtime:read", "runtime:write"})
+# What a runtime's client certificate may do at Director: read itself and its applications,
+# set its own labels (compass-runtime-agent's console and events URLs).
+RUNTIME_SCOPES = ("runtime:read", "runtime:write", "application:read")
 ACCESS_TOKEN_TTL = 3600
 # Director checks `exp`; a token is reused until this close to it, so the gateway signs about
 # once a minute per (client token, tenant), not once per request.
@@ -201,6 +211,12 @@ RETURNING s.id, s.runtime_id, COALESCE(s.tenant_id::text, ''),
   COALESCE((SELECT t.external_tenant FROM business_tenant_mappings t WHERE t.id = s.tenant_id), '')
 """
 
+_SYSTEM_AUTH_SQL = """
+SELECT s.id, s.runtime_id, COALESCE(s.tenant_id::text, ''),
+  COALESCE((SELECT t.external_tenant FROM business_tenant_mappings t WHERE t.id = s.tenant_id), '')
+FROM system_auths s WHERE s.id::text = :'id' AND s.runtime_id IS NOT NULL
+"""
+
 
 class DirectorTokens:
     """One-time tokens of runtimes as Director stores them (`system_auths`), spent as Compass's
@@ -220,10 +236,20 @@ class DirectorTokens:
         system_auth_id, runtime_id, tenant, external = rows[0]
         return SpentToken(system_auth_id, runtime_id, tenant, external)
 
+    def system_auth(self, system_auth_id: str) -> SpentToken | None:
+        """A runtime's SystemAuth by its ID (a client certificate's CN), whatever its token's
+        state; None when there is none (the runtime unregistered, or not a runtime's)."""
+        rows = self._query(_SYSTEM_AUTH_SQL, {"id": system_auth_id})
+        if not rows:
+            return None
+        found, runtime_id, tenant, external = rows[0]
+        return SpentToken(found, runtime_id, tenant, external)
+
 
 @dataclass
 class _ConnectorCall:
     token: str | None
+    certificate_cn: str | None = None  # the client certificate's CN, on the mTLS listener
 
 
 class GatewayConnector:
@@ -251,7 +277,6 @@ class GatewayConnector:
         )
         self._lock = threading.Lock()
         self._spent: Counter[str] = Counter()  # runtime ID -> tokens spent here
-        self._owners: dict[str, str] = {}  # SystemAuth ID -> runtime ID, for certificates
         schema = load_schema("connector.graphql")
         self._bind(schema)
         self._endpoint = GraphQLEndpoint(schema)
@@ -261,16 +286,18 @@ class GatewayConnector:
         with self._lock:
             return self._spent[runtime_id]
 
-    def runtime_of(self, system_auth_id: str) -> str | None:
-        """The runtime a certificate's CN (a SystemAuth ID) stands for, if we issued it."""
-        with self._lock:
-            return self._owners.get(system_auth_id)
+    def system_auth(self, system_auth_id: str) -> SpentToken | None:
+        """The runtime's SystemAuth a certificate's CN names, from Director's database."""
+        return self._tokens.system_auth(system_auth_id)
 
-    def handle(self, body: bytes, token: str | None) -> tuple[int, dict[str, Any]]:
+    def handle(
+        self, body: bytes, token: str | None, *, certificate_cn: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
         parsed = self._endpoint.parse_request(body)
         if parsed.rejection is not None:
             return parsed.rejection.status, parsed.rejection.body
-        response = self._endpoint.execute(parsed, _ConnectorCall(token or None))
+        call = _ConnectorCall(token or None, certificate_cn)
+        response = self._endpoint.execute(parsed, call)
         return response.status, response.body
 
     def _bind(self, schema: GraphQLSchema) -> None:
@@ -278,13 +305,27 @@ class GatewayConnector:
         assert schema.mutation_type is not None
 
         def configuration(_root: Any, info: GraphQLResolveInfo) -> dict[str, Any]:
-            return self._configuration(info.context.token)
+            return self._configuration(self._client(info.context))
 
         def sign(_root: Any, info: GraphQLResolveInfo, csr: str) -> dict[str, str]:
-            return self._sign(info.context.token, csr)
+            return self._sign(self._client(info.context), csr)
 
         schema.query_type.fields["configuration"].resolve = configuration
         schema.mutation_type.fields["signCertificateSigningRequest"].resolve = sign
+
+    def _client(self, call: _ConnectorCall) -> SpentToken:
+        """Who calls, as Connector's authenticator finds it: by token first, then by the client
+        certificate (its CN names the SystemAuth)."""
+        if call.token is not None or call.certificate_cn is None:
+            return self._spend(call.token)
+        found = self._tokens.system_auth(call.certificate_cn)
+        if found is None:
+            raise ConnectorError(
+                "Forbidden",
+                "Failed to authenticate request. Certificate authentication error: no runtime "
+                f"holds the SystemAuth {call.certificate_cn}",
+            )
+        return found
 
     def _spend(self, token: str | None) -> SpentToken:
         spent = self._tokens.spend(token) if token else None
@@ -297,11 +338,9 @@ class GatewayConnector:
             )
         with self._lock:
             self._spent[spent.runtime_id] += 1
-            self._owners[spent.system_auth_id] = spent.runtime_id
         return spent
 
-    def _configuration(self, token: str | None) -> dict[str, Any]:
-        spent = self._spend(token)
+    def _configuration(self, spent: SpentToken) -> dict[str, Any]:
         try:
             fresh = self._request_csr_token(spent)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
@@ -321,8 +360,7 @@ class GatewayConnector:
             },
         }
 
-    def _sign(self, token: str | None, csr: str) -> dict[str, str]:
-        spent = self._spend(token)
+    def _sign(self, spent: SpentToken, csr: str) -> dict[str, str]:
         try:
             pem = base64.b64decode(csr, validate=True)
         except (binascii.Error, ValueError):
@@ -384,6 +422,7 @@ class Gateway:
         self.director_url = ""  # Director's GraphQL endpoint, set before serving
         # URLs `configuration` hands out for certificate-secured calls (none: null).
         self.certificate_secured: ConnectorUrls | None = None
+        self.certificate_secured_side: CertificateSecuredGateway | None = None
         self.connector = (
             None
             if tokens is None
@@ -485,6 +524,44 @@ class Gateway:
                 return True
         except OSError:
             return False
+
+    def resolve_tenant(self, external: str) -> str | None:
+        """The internal ID of a tenant (external ID), from the cache or Director's database."""
+        with self._lock:
+            known = self._tenants.get(external)
+        if known is not None:
+            return known
+        internal = self._resolve_tenant(external)
+        if internal is not None:
+            self.remember_tenant(external, internal)
+        return internal
+
+    def sign_for_runtime(self, tenant: dict[str, str], runtime_id: str) -> str:
+        """A JWT for the runtime itself, as the hydrator makes one for a client certificate."""
+        return self._sign(
+            tenant,
+            RUNTIME_SCOPES,
+            runtime_id,
+            time.time(),
+            consumer_type="Runtime",
+            flow="Certificate",
+        )
+
+    def start_certificate_secured(self) -> ConnectorUrls:
+        """Serves the certificate-secured side (`CertificateSecuredGateway`); from now on the
+        Connector's `configuration` hands out its URLs. Needs the Connector (`tokens`)."""
+        if self.connector is None:
+            raise RuntimeError("the certificate-secured side needs the gateway's Connector")
+        if self.certificate_secured_side is None:
+            self.certificate_secured_side = CertificateSecuredGateway(self, self.connector)
+        self.certificate_secured = self.certificate_secured_side.start()
+        return self.certificate_secured
+
+    def stop_certificate_secured(self) -> None:
+        side, self.certificate_secured_side = self.certificate_secured_side, None
+        self.certificate_secured = None
+        if side is not None:
+            side.stop()
 
     def issue_token(self, scopes: tuple[str, ...] | None = None) -> str:
         """An access token as `/oauth2/token` would issue it, without the HTTP round trip."""
@@ -682,7 +759,14 @@ class Gateway:
         return signed
 
     def _sign(
-        self, tenant: dict[str, str], scopes: tuple[str, ...], consumer: str, now: float
+        self,
+        tenant: dict[str, str],
+        scopes: tuple[str, ...],
+        consumer: str,
+        now: float,
+        *,
+        consumer_type: str = CONSUMER_TYPE,
+        flow: str = FLOW,
     ) -> str:
         claims = {
             # Director reads `tenant` as a JSON document inside a string, as the hydrator
@@ -690,8 +774,8 @@ class Gateway:
             "tenant": json.dumps(tenant),
             "scopes": " ".join(scopes),
             "consumerID": consumer,
-            "consumerType": CONSUMER_TYPE,
-            "flow": FLOW,
+            "consumerType": consumer_type,
+            "flow": flow,
             "iat": int(now),
             "exp": int(now) + _JWT_TTL,
         }
@@ -847,6 +931,161 @@ class Gateway:
             await _respond(send, 200, {"lose_answers": self.faults()})
         else:
             await _respond(send, 404, {"error": f"no admin route {method} {path}"})
+
+
+class CertificateSecuredGateway:
+    """The certificate-secured side of Compass, in front of the real Director: what a runtime
+    talks to with the client certificate the gateway's Connector issued (mutual TLS; only
+    that CA's certificates pass the handshake).
+
+    - `/connector/graphql`: Connector authenticated by the certificate (its CN is the
+      SystemAuth ID): `configuration` (the connection check of compass-runtime-agent; a CSR
+      token from Director again) and `signCertificateSigningRequest` (renewal);
+    - `/director/graphql`: Director for the runtime itself, as Oathkeeper and the hydrator
+      pass a certificate on: the CN's SystemAuth names the runtime, whose ID becomes the JWT's
+      consumer (type `Runtime`, flow `Certificate`), in the SystemAuth's tenant (the `Tenant`
+      header is not trusted), with a runtime's scopes (its runtime, applications, labels).
+
+    Served by a `ThreadingHTTPServer` of its own (uvicorn does not hand the peer certificate
+    to the app). Faults of the gateway do not reach it: an established runtime keeps its
+    channel, as in the simulator. Calls are counted per top-level field (`calls()`), apart
+    from the callers' calls of the gateway.
+    """
+
+    def __init__(self, gateway: Gateway, connector: GatewayConnector) -> None:
+        self._gateway = gateway
+        self._connector = connector
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._calls: Counter[str] = Counter()
+        self._http = httpx.Client(timeout=60.0)
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the certificate-secured gateway is not running")
+        return f"https://127.0.0.1:{self._server.server_address[1]}"
+
+    def urls(self) -> ConnectorUrls:
+        return ConnectorUrls(
+            director=f"{self.url}{GRAPHQL_PATH}",
+            certificate_secured_connector=f"{self.url}{CONNECTOR_PATH}",
+        )
+
+    def calls(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._calls)
+
+    def start(self) -> ConnectorUrls:
+        if self._server is not None:
+            return self.urls()
+        server_ca = pki.new_ca("real-director gateway mTLS server CA")
+        server_cert = pki.issue(
+            server_ca, common_name="real-director-gateway", server_hosts=("127.0.0.1", "localhost")
+        )
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        with tempfile.TemporaryDirectory() as folder:
+            cert, key = Path(folder, "tls.crt"), Path(folder, "tls.key")
+            cert.write_bytes(server_cert.cert_pem + server_ca.cert_pem)
+            key.write_bytes(server_cert.key_pem)
+            context.load_cert_chain(cert, key)
+        context.load_verify_locations(cadata=self._connector.ca.certificate_pem.decode())
+        context.verify_mode = ssl.CERT_REQUIRED
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _mtls_handler(self))
+        server.daemon_threads = True
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="real-director-gateway-mtls", daemon=True
+        )
+        self._thread.start()
+        return self.urls()
+
+    def stop(self) -> None:
+        server, thread = self._server, self._thread
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if thread is not None:
+            thread.join(10)
+        self._server = None
+        self._thread = None
+        self._http.close()
+
+    def handle(self, path: str, body: bytes, certificate_cn: str) -> tuple[int, bytes]:
+        fields: tuple[str, ...] = ()
+        with contextlib.suppress(ValueError, AttributeError):
+            request = json.loads(body)
+            fields, _ = _operations_of(str(request.get("query", "")), request.get("operationName"))
+        with self._lock:
+            self._calls.update(fields or ("(unparsed)",))
+        if path == CONNECTOR_PATH:
+            status, payload = self._connector.handle(body, None, certificate_cn=certificate_cn)
+            return status, json.dumps(payload).encode()
+        if path == GRAPHQL_PATH:
+            return self._director(body, certificate_cn)
+        return 404, json.dumps({"errors": [{"message": f"no endpoint at {path}"}]}).encode()
+
+    def _director(self, body: bytes, certificate_cn: str) -> tuple[int, bytes]:
+        caller = self._connector.system_auth(certificate_cn)
+        if caller is None:
+            return 401, json.dumps(
+                {"error": {"code": 401, "status": "Unauthorized", "message": "unknown client"}}
+            ).encode()
+        # The tenant is the SystemAuth's (where the runtime's token was asked for), not what
+        # the caller's `Tenant` header claims.
+        claims_tenant = {
+            "consumerTenant": caller.tenant,
+            "externalTenant": caller.external_tenant,
+        }
+        signed = self._gateway.sign_for_runtime(claims_tenant, caller.runtime_id)
+        try:
+            upstream = self._http.post(
+                self._gateway.director_url,
+                content=body,
+                headers={"authorization": f"Bearer {signed}", "content-type": "application/json"},
+            )
+        except httpx.HTTPError:
+            return 502, b'{"errors": [{"message": "Director unreachable"}]}'
+        return upstream.status_code, upstream.content
+
+
+def _mtls_handler(side: CertificateSecuredGateway) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as Go's client expects
+
+        def do_POST(self) -> None:
+            assert isinstance(self.connection, ssl.SSLSocket)
+            der = self.connection.getpeercert(binary_form=True)
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            common_name = _common_name(der)
+            if common_name is None:
+                self._answer(401, b'{"errors": [{"message": "client certificate without a CN"}]}')
+                return
+            status, payload = side.handle(self.path.split("?", 1)[0], body, common_name)
+            self._answer(status, payload)
+
+        def _answer(self, status: int, payload: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("mtls: " + format, *args)
+
+    return Handler
+
+
+def _common_name(der: bytes | None) -> str | None:
+    if not der:
+        return None
+    names = x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    value = names[0].value if names else None
+    return value if isinstance(value, str) and value else None
 
 
 def _basic_auth(header: str) -> tuple[str | None, str | None]:

@@ -301,6 +301,15 @@ class RealCompass:
     def listening(self) -> bool:
         return self.gateway.listening()
 
+    def start_certificate_secured(self) -> str:
+        """Serves the certificate-secured Connector and Director (mutual TLS with the
+        certificates the gateway's Connector issues), whose URLs `configuration` then hands
+        out: what compass-runtime-agent syncs with after `Connected`. Returns its base URL."""
+        self.gateway.start_certificate_secured()
+        side = self.gateway.certificate_secured_side
+        assert side is not None
+        return side.url
+
     def connector_exchanges(self, runtime_id: str) -> int:
         """Tokens of this runtime spent at the gateway's Connector (one-time, then CSR)."""
         connector = self.gateway.connector
@@ -356,6 +365,7 @@ class RealCompass:
         """Stops what was started, callers first: gateway, Director, database, cluster."""
         errors: list[BaseException] = []
         steps = [
+            lambda: self._gateway.stop_certificate_secured() if self._gateway is not None else None,
             lambda: self._gateway.stop() if self._gateway is not None else None,
             lambda: self.director_process.stop() if self.director_process is not None else None,
             lambda: self.database.stop() if self.database is not None else None,

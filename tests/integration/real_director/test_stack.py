@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -550,3 +551,69 @@ def test_the_admin_api_takes_compass_down_and_back(
     finally:
         assert http.delete(f"{admin}/down").status_code == 204
     assert http.post(real_compass.token_url).status_code == 401  # no credentials: up again
+
+
+def _client_tls(cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    """TLS for a client of the certificate-secured side: its server certificate is from a
+    throwaway CA (compass-runtime-agent skips the check too), ours is the Connector's."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if cert is not None:
+        context.load_cert_chain(cert, key)
+    return context
+
+
+def test_the_certificate_secured_side_serves_the_runtime_itself(
+    real_compass: RealCompass, http: httpx.Client, token: str, tmp_path: Path
+) -> None:
+    base = real_compass.start_certificate_secured()
+    runtime_id, one_time, account = _one_time_token(http, real_compass, token)
+    issued = exchange_token(http, f"{real_compass.gateway_url}/connector/graphql", one_time)
+    assert issued.director_url == f"{base}/director/graphql"
+    assert issued.secured_connector_url == f"{base}/connector/graphql"
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes(issued.client_pem)
+    key.write_bytes(issued.key_pem)
+    calls = real_compass.calls()
+    with httpx.Client(timeout=30, verify=_client_tls(cert, key)) as mtls:
+        # What compass-runtime-agent asks Director (its Tenant header is not what counts).
+        query = (
+            f'query {{ runtime(id: "{runtime_id}") {{ labels }} '
+            f'applicationsForRuntime(runtimeID: "{runtime_id}") {{ data {{ id }} totalCount }} }}'
+        )
+        found = mtls.post(
+            f"{base}/director/graphql", headers={"Tenant": "x"}, json={"query": query}
+        )
+        assert found.status_code == 200, found.text
+        data = found.json()["data"]
+        assert data["runtime"]["labels"]["runtimeType"] == "kyma"
+        assert data["applicationsForRuntime"] == {"data": [], "totalCount": 0}
+        label = (
+            f'mutation {{ setRuntimeLabel(runtimeID: "{runtime_id}", key: "runtime_consoleUrl", '
+            f'value: "https://console.example") {{ key value }} }}'
+        )
+        assert "errors" not in mtls.post(f"{base}/director/graphql", json={"query": label}).json()
+        stored = real_compass.runtimes(label_key="runtime_consoleUrl")
+        assert runtime_id in [r["id"] for r in stored]
+        # Connector by certificate: the connection check, with a fresh CSR token.
+        config = mtls.post(
+            f"{base}/connector/graphql",
+            json={"query": "{ configuration { token { token } } }"},
+        ).json()["data"]["configuration"]
+        assert config["token"]["token"]
+        # Unregistered, the runtime's certificate opens nothing at Director.
+        gone = _graphql(
+            http, real_compass, token, account, documents.UNREGISTER_RUNTIME, {"id": runtime_id}
+        )
+        assert gone.status_code == 200, gone.text
+        refused = mtls.post(f"{base}/director/graphql", json={"query": query})
+        assert refused.status_code == 401
+    # Not counted among the callers' calls (the broker's).
+    assert real_compass.calls().get("runtime", 0) == calls.get("runtime", 0)
+    # Only the gateway's Connector's certificates pass the handshake.
+    with (
+        httpx.Client(timeout=10, verify=_client_tls()) as anonymous,
+        pytest.raises(httpx.TransportError),
+    ):
+        anonymous.post(f"{base}/director/graphql", json={"query": query})
