@@ -40,26 +40,35 @@ def peek(bucket: Bucket | None, policy: BucketPolicy, now: float) -> float | Non
 
 
 class RateLimiter:
-    """The thin stateful shell: one bucket per key, idle full buckets forgotten."""
+    """The thin stateful shell: one bucket per key, at most `max_keys` of them. Over the bound,
+    idle full buckets are forgotten first, then the least recently used (a forgotten bucket is
+    a full one: forgetting errs towards letting a key through, never towards locking it out),
+    down to nine tenths of the bound, so the sweep runs once per many new keys, not per key."""
 
     def __init__(self, policy: BucketPolicy, *, max_keys: int = 100_000) -> None:
         self._policy = policy
-        self._buckets: dict[str, Bucket] = {}
+        self._buckets: dict[str, Bucket] = {}  # least recently used first
         self._max_keys = max_keys
+
+    def __len__(self) -> int:
+        return len(self._buckets)
 
     def check(self, key: str, now: float) -> float | None:
         return peek(self._buckets.get(key), self._policy, now)
 
     def try_take(self, key: str, now: float) -> float | None:
-        bucket, wait = take(self._buckets.get(key), self._policy, now)
+        bucket, wait = take(self._buckets.pop(key, None), self._policy, now)
         self._buckets[key] = bucket
         if len(self._buckets) > self._max_keys:
-            self._forget_full(now)
+            self._forget(now)
         return wait
 
-    def _forget_full(self, now: float) -> None:
+    def _forget(self, now: float) -> None:
         for key, bucket in list(self._buckets.items()):
             _, wait = take(bucket, self._policy, now)
             refill = (self._policy.burst - bucket.tokens) / max(self._policy.per_second, 1e-9)
             if wait is None and now - bucket.updated_at >= refill:
                 del self._buckets[key]
+        excess = len(self._buckets) - self._max_keys * 9 // 10
+        for key in list(self._buckets)[: max(excess, 0)]:
+            del self._buckets[key]

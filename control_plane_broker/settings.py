@@ -46,6 +46,13 @@ class Settings(BaseSettings):
         "(a herd of first contacts must not stall the event loop).",
         ge=1,
     )
+    first_contacts_per_runtime: int = Field(
+        default=2,
+        description="Places at the door, and identity checks in flight, one runtime ID may "
+        "hold at once; its further requests wait in a line of their own or are answered 503 "
+        "at once: no runtime ID (an attacker's, a stalled cluster's) crowds out the fleet.",
+        ge=1,
+    )
     director_queue_timeout_seconds: float = Field(
         default=10.0,
         description="Longest estimated wait for Director capacity a request is admitted with; "
@@ -102,6 +109,25 @@ class Settings(BaseSettings):
         default=None,
         description="xfcc mode: file of revoked client certificates, one SHA-256 hash (the XFCC "
         "`Hash=` value) per line, `#` comments; re-read when it changes.",
+    )
+    identity_failure_burst: int = Field(
+        default=10,
+        description="Failed identity proofs one runtime may cost in a burst (TokenReviews, key "
+        "checks); beyond its budget its unproven requests get 429 with no request made. A token "
+        "that proved the runtime recently always passes.",
+        ge=1,
+    )
+    identity_failures_per_minute: float = Field(
+        default=10.0,
+        description="Sustained failed identity proofs per runtime per minute (the budget's "
+        "refill).",
+        gt=0,
+    )
+    runtime_unreachable_seconds: float = Field(
+        default=10.0,
+        description="A runtime API server that did not answer (timeout, no connection) is "
+        "not asked again for this long: its runtimes' checks are answered 503 at once.",
+        ge=0,
     )
     identity_cache_max_seconds: float = Field(
         default=600.0, description="Upper bound for caching a positive TokenReview verdict."

@@ -37,6 +37,7 @@ from control_plane_broker.errors import FirstContactsBusy
 from control_plane_broker.identity.deny_list import DenyListFile
 from control_plane_broker.identity.enrolment import EnrolmentVerifier
 from control_plane_broker.identity.jwks import JwksVerifier
+from control_plane_broker.identity.screening import ScreeningVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
 from control_plane_broker.identity.verifier import CountingVerifier, Verifier, XfccVerifier
 from control_plane_broker.issuing import TokenIssuer
@@ -188,6 +189,7 @@ async def run(  # noqa: PLR0915
         secret_name_pattern=settings.runtime_kubeconfig_secret_pattern,
         ttl_seconds=settings.runtime_access_cache_seconds,
         clock=mono,
+        unreachable_seconds=settings.runtime_unreachable_seconds,
         on_invalid=kubeconfig_invalid,
     )
     keys_http = httpx.AsyncClient(
@@ -246,7 +248,19 @@ async def run(  # noqa: PLR0915
             required_module=settings.module_name if settings.module_policy == "required" else None,
             clock=mono,
         )
-    verifier = CountingVerifier(inner, metrics)
+    # Cheap refusals before any request, a failure budget and a share per runtime ID.
+    screened = ScreeningVerifier(
+        inner,
+        kymas=kymas,
+        audience=settings.audience if settings.identity_mode != "xfcc" else None,
+        budget=BucketPolicy(
+            burst=settings.identity_failure_burst,
+            per_second=settings.identity_failures_per_minute / 60,
+        ),
+        per_runtime=settings.first_contacts_per_runtime,
+        clock=mono,
+    )
+    verifier = CountingVerifier(screened, metrics)
     gate = RevocationGate(
         mappings=mappings,
         kymas=kymas,
@@ -314,7 +328,12 @@ async def run(  # noqa: PLR0915
             access_log=False,
         ),
         capacity=settings.first_contacts_in_progress,
-        is_known=verifier.proved_recently,
+        # Walk past: checking them needs no network (proven recently: cached; no Kyma: refused
+        # from the cache).
+        is_known=lambda runtime_id: (
+            verifier.proved_recently(runtime_id) or kymas.get(runtime_id.lower()) is None
+        ),
+        per_runtime=settings.first_contacts_per_runtime,
         # Half the Director queue's: what passes the door may still wait that long for Director,
         # and both together must stay well inside the agent's 30 s timeout.
         max_wait=settings.director_queue_timeout_seconds / 2,

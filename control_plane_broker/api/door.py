@@ -29,6 +29,12 @@ measured pace is answered at once, before any work: 503 `first-contacts-busy` wi
 they come back about as fast as they can be let in. A request still parked after twice
 `max_wait` (the pace was misjudged) is answered so too.
 
+Fairness: no runtime ID holds more than `per_runtime` places (`BROKER_FIRST_CONTACTS_PER_RUNTIME`)
+or waits in the shared line with more than that many requests: its others wait in a line of its
+own, bounded by time the same way, so a runtime ID that floods the door (or whose cluster stalls)
+delays only itself. Holds that ended in a runtime's timeout (`pacing.discount_hold`) are not
+learned from.
+
 Holds: every request that enters leaves its place exactly once (the use case's call, or the end
 of the request, whichever is first), also when it fails or its client hangs up, or is answered at
 the door without having entered; other paths and methods are never held; at most `capacity`
@@ -48,6 +54,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from control_plane_broker import pacing
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for
 from control_plane_broker.errors import FirstContactsBusy
 
@@ -91,6 +98,15 @@ class Pace:
         self.hold += self.smoothing * (max(held_seconds, 0.0) - self.hold)
 
 
+@dataclass
+class _Line:
+    """One runtime's own line at the door: `share` of its requests go on to the shared line at
+    a time. Exists only while a request of that runtime is at the door."""
+
+    turns: asyncio.Semaphore
+    present: int = 0  # requests of this runtime at the door: waiting or holding a turn
+
+
 class Door:
     def __init__(
         self,
@@ -98,23 +114,84 @@ class Door:
         *,
         capacity: int,
         is_known: Callable[[str], bool],
+        per_runtime: int | None = None,
         max_wait: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         on_refused: Callable[[str], None] | None = None,
     ) -> None:
+        """`is_known`: requests of such a runtime walk past (they need no network to be
+        checked: proven recently, or no Kyma at all). `per_runtime`: the places one runtime ID
+        may hold at once (default: all of them)."""
         self._app = app
         self._places = asyncio.Semaphore(capacity)
         self._is_known = is_known
+        self._share = max(1, min(per_runtime or capacity, capacity))
+        self._lines: dict[str, _Line] = {}
         self._clock = clock
         self._on_refused = on_refused  # told the endpoint ("token" or "connection")
         self.pace = Pace(capacity=capacity, max_wait=max_wait)
-        self.waiting = 0  # parked at the door now
+        self.waiting = 0  # parked in the shared line now
+
+    def lines(self) -> int:
+        """Runtimes with a request at the door (for tests of the bound)."""
+        return len(self._lines)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime_id = _runtime_of(scope)
         if runtime_id is None or self._is_known(runtime_id):
             await self._app(scope, receive, send)
             return
+        # A runtime's own line first: however many requests one runtime ID sends (48 attackers
+        # on a stalled runtime held every place for 10 s each), at most `share` of them hold or
+        # wait for the places all runtimes share. Its line is bounded by time like the shared
+        # one: a request that would not get its turn within `max_wait` is answered at once.
+        key = runtime_id.lower()
+        line = self._lines.get(key)
+        if line is None:
+            line = self._lines[key] = _Line(turns=asyncio.Semaphore(self._share))
+        ahead = line.present - self._share + 1
+        if ahead > 0 and ahead * self.pace.hold / self._share > self.pace.max_wait:
+            await self._refuse(scope, send, ahead * self.pace.hold / self._share)
+            return
+        line.present += 1
+        try:
+            await self._own_turn(line, runtime_id, scope, receive, send)
+        finally:
+            line.present -= 1
+            if not line.present:
+                del self._lines[key]
+
+    async def _own_turn(
+        self, line: _Line, runtime_id: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        try:
+            async with asyncio.timeout(2 * self.pace.max_wait):
+                await line.turns.acquire()
+        except TimeoutError:
+            await self._refuse(scope, send, 1.0)
+            return
+        turn_held = True
+
+        def end_turn() -> None:
+            nonlocal turn_held
+            if turn_held:
+                turn_held = False
+                line.turns.release()
+
+        try:
+            if self._is_known(runtime_id):
+                # Proven while it waited (another request of this runtime went first): no
+                # check needs a place now.
+                end_turn()
+                await self._app(scope, receive, send)
+                return
+            await self._shared(scope, receive, send, end_turn)
+        finally:
+            end_turn()
+
+    async def _shared(
+        self, scope: Scope, receive: Receive, send: Send, end_turn: Callable[[], None]
+    ) -> None:
         turn = self.pace.turn_for(ahead=self.waiting, now=self._clock())
         if turn is not None:
             await self._refuse(scope, send, turn)
@@ -130,17 +207,28 @@ class Door:
             self.waiting -= 1
         entered = self._clock()
         left = False
+        measured = True
+
+        def discount() -> None:
+            nonlocal measured
+            measured = False
 
         def leave() -> None:
             nonlocal left
             if not left:
                 left = True
-                self.pace.observe(self._clock() - entered)
+                if measured:
+                    # A hold that ended in a runtime's timeout says nothing about the pace
+                    # (`pacing`): one stalled runtime must not slow the door for the fleet.
+                    self.pace.observe(self._clock() - entered)
                 self._places.release()
+                end_turn()
 
+        hold = pacing.holding(discount)
         try:
             await self._app({**scope, LEAVE_KEY: leave}, receive, send)
         finally:
+            pacing.released(hold)
             leave()
 
     async def _refuse(self, scope: Scope, send: Send, turn: float) -> None:

@@ -19,6 +19,8 @@ from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
 IdentityError = IdentityNotProven | IdentityForbidden
 
 SA_PREFIX = "system:serviceaccount:"
+# What a Kubernetes API server signs ServiceAccount tokens with (by the key's type and curve).
+SA_ALGORITHMS = frozenset({"RS256", "ES256", "ES384", "ES512"})
 
 
 @dataclass(frozen=True)
@@ -117,3 +119,26 @@ def cache_until(*, now: float, token_expiry: float | None, max_seconds: float) -
     """A verdict lives until the token expires, and never longer than `max_seconds`."""
     bound = now + max_seconds
     return bound if token_expiry is None else min(bound, token_expiry)
+
+
+def screen_bearer(token: str, *, audience: str, now: float, leeway: float = 5.0) -> None:
+    """Refuses, from the token alone, a bearer that cannot be a ServiceAccount token for us:
+    not a JWT, an algorithm no API server signs with, not our audience, expired or without an
+    expiry, not a ServiceAccount. Read unverified, so it only ever refuses, never accepts; it
+    runs before anything that costs a request (a TokenReview, a key fetch, a Secret read), and
+    before the runtime ID is looked at, so its answer is the same for every runtime ID."""
+    try:
+        header = jwt.get_unverified_header(token)
+        unverified = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        raise IdentityNotProven("not a JWT", reason="malformed") from None
+    if header.get("alg") not in SA_ALGORITHMS:
+        raise IdentityNotProven("unsupported signature algorithm", reason="algorithm")
+    exp = unverified.get("exp")
+    if isinstance(exp, bool) or not isinstance(exp, int | float) or exp + leeway <= now:
+        raise IdentityNotProven("the token has expired", reason="expired")
+    aud = unverified.get("aud")
+    listed = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
+    check_audience([a for a in listed if isinstance(a, str)], audience)
+    if not str(unverified.get("sub", "")).startswith(SA_PREFIX):
+        raise IdentityNotProven("not a ServiceAccount token", reason="not-sa")

@@ -22,23 +22,25 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import jwt
 
+from control_plane_broker import pacing
 from control_plane_broker.capped import KIB, BodyTooLarge, read_capped
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
 from control_plane_broker.identity import claims, enrolment_rules
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.kube.runtime_access import RuntimeAccess
 from control_plane_broker.singleflight import SingleFlight
-from kubeapi import KubeError
+from kubeapi import KubeError, KubeUnavailable
 
 log = logging.getLogger(__name__)
 
 ALGORITHMS = ["RS256", "ES256"]
 MAX_VERDICTS = 20_000
+MAX_SOURCES = 20_000  # runtimes (or issuers) whose keys or failed fetch are remembered
 JWKS_ACCEPT = "application/jwk-set+json, application/json"  # the API server refuses plain JSON
 # A discovery document is well under 2 KiB and a key set of a few keys a few KiB: an answer
 # beyond this is refused unread (a 64 MiB document took the broker over its memory limit).
@@ -60,6 +62,14 @@ class _Keys:
 
 
 Fetch = Callable[[], Awaitable[_Keys]]
+_V = TypeVar("_V")
+
+
+def _store(memory: OrderedDict[str, _V], key: str, value: _V) -> None:
+    memory[key] = value
+    memory.move_to_end(key)
+    while len(memory) > MAX_SOURCES:
+        memory.popitem(last=False)
 
 
 class JwksVerifier:
@@ -88,10 +98,11 @@ class JwksVerifier:
         self._refetch = refetch_seconds
         self._max_age = max_age_seconds
         self._leeway = leeway
-        self._keys: dict[str, _Keys] = {}
+        # Per runtime (or issuer), least recently stored first, at most MAX_SOURCES each.
+        self._keys: OrderedDict[str, _Keys] = OrderedDict()
         # fingerprint of (runtime, token) → (when the key set that verified it was fetched, ...)
         self._verdicts: OrderedDict[str, tuple[float, Identity]] = OrderedDict()
-        self._failed_at: dict[str, float] = {}
+        self._failed_at: OrderedDict[str, float] = OrderedDict()
         self._fetches: SingleFlight[_Keys] = SingleFlight()
         # Fetches wait here rather than in the HTTP client's pool (whose bookkeeping grows with
         # its queue); a cold start of thousands of runtimes fetches this many keys at a time.
@@ -106,9 +117,19 @@ class JwksVerifier:
                 )
             else:
                 client = await self._access.client_for(runtime_id)
-                discovery = await client.get("/.well-known/openid-configuration")
-                issuer = str(discovery["issuer"])
-                jwks = await client.get("/openid/v1/jwks", accept=JWKS_ACCEPT)
+                if self._access.unreachable_for(client) is not None:
+                    raise ControlPlaneUnavailable(
+                        "the runtime API server did not answer recently", retry_after=5
+                    )
+                try:
+                    discovery = await client.get("/.well-known/openid-configuration")
+                    issuer = str(discovery["issuer"])
+                    jwks = await client.get("/openid/v1/jwks", accept=JWKS_ACCEPT)
+                except KubeUnavailable as exc:
+                    if isinstance(exc.__cause__, httpx.TransportError):
+                        self._access.note_unreachable(client)
+                        pacing.discount_hold()
+                    raise
         except BodyTooLarge as exc:
             raise _too_large(exc) from None
         except (httpx.HTTPError, KubeError, KeyError, ValueError) as exc:
@@ -171,10 +192,10 @@ class JwksVerifier:
             async with self._fetch_slots:
                 keys = await fetch()
         except ControlPlaneUnavailable:
-            self._failed_at[source] = self._clock()
+            _store(self._failed_at, source, self._clock())
             raise
         self._failed_at.pop(source, None)
-        self._keys[source] = keys
+        _store(self._keys, source, keys)
         return keys
 
     async def _key_for(self, source: str, fetch: Fetch, kid: str) -> tuple[str, jwt.PyJWK, float]:

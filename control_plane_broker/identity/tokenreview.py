@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
+import httpx
+
+from control_plane_broker import pacing
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
 from control_plane_broker.identity import claims
 from control_plane_broker.identity.claims import Identity
@@ -18,6 +21,11 @@ from control_plane_broker.kube.runtime_access import RuntimeAccess
 from kubeapi import KubeError, KubeUnavailable
 
 TOKENREVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
+
+
+def did_not_answer(exc: KubeUnavailable) -> bool:
+    """A timeout or a connection that failed: the server gave no answer at all (a 5xx is one)."""
+    return isinstance(exc.__cause__, httpx.TransportError)
 
 
 class TokenReviewVerifier:
@@ -49,6 +57,13 @@ class TokenReviewVerifier:
         if hit is not None and hit[0] > now:
             return hit[1]
         client = await self._access.client_for(runtime_id)
+        silent = self._access.unreachable_for(client)
+        if silent is not None:
+            # Answered at once: waiting for a server that just let a request time out would
+            # hold a first-contact place for the whole timeout, for every caller.
+            raise ControlPlaneUnavailable(
+                "the runtime API server did not answer recently", retry_after=silent
+            )
         try:
             review = await client.create(
                 TOKENREVIEW_PATH,
@@ -59,6 +74,9 @@ class TokenReviewVerifier:
                 },
             )
         except KubeUnavailable as exc:
+            if did_not_answer(exc):
+                self._access.note_unreachable(client)
+                pacing.discount_hold()
             raise ControlPlaneUnavailable("runtime API server unreachable", retry_after=5) from exc
         except KubeError as exc:
             raise IdentityNotProven(

@@ -52,9 +52,22 @@ OnInvalid = Callable[[str, str], Awaitable[None]]  # (runtime ID, what is wrong)
 
 @dataclass(frozen=True)
 class _Entry:
+    """What a Secret read found, as plain data: a client, or why there is none. Never the
+    exception itself (it holds a traceback and the frames it went through: ~500 bytes a
+    runtime ID, kept for every ID ever asked about)."""
+
     expires: float
     client: KubeClient | None = None
-    problem: BaseException | None = None
+    missing: bool = False  # no kubeconfig Secret (or no `config` in it)
+    invalid: str | None = None  # why the Secret is unusable
+
+
+def _problem(entry: _Entry) -> IdentityNotProven | RuntimeKubeconfigInvalid:
+    if entry.missing:
+        return IdentityNotProven("no kubeconfig for this runtime in KCP", reason="no-kubeconfig")
+    return RuntimeKubeconfigInvalid(
+        f"the runtime kubeconfig Secret is unusable ({entry.invalid})", retry_after=60
+    )
 
 
 def cluster_key(access: ClusterAccess) -> str:
@@ -82,6 +95,8 @@ class RuntimeAccess:
         clock: Callable[[], float],
         timeout: float = 10.0,
         max_clusters: int = 4096,
+        max_runtimes: int = 20_000,
+        unreachable_seconds: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
         on_invalid: OnInvalid | None = None,
     ) -> None:
@@ -94,8 +109,14 @@ class RuntimeAccess:
         self._max_clusters = max_clusters
         self._transport = transport  # tests plug in here
         self._on_invalid = on_invalid
-        self._entries: dict[str, _Entry] = {}
+        # Per runtime ID, least recently used first: at most `max_runtimes`, whatever callers
+        # ask about (a flood of IDs costs reads, not memory).
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._max_runtimes = max_runtimes
         self._clusters: OrderedDict[str, KubeClient] = OrderedDict()
+        # API server URL → until when it counts as not answering (at most `max_clusters`).
+        self._unreachable: OrderedDict[str, float] = OrderedDict()
+        self._unreachable_seconds = unreachable_seconds
         self._loads: SingleFlight[KubeClient] = SingleFlight()
         self._retiring: set[asyncio.Task[None]] = set()
 
@@ -106,11 +127,38 @@ class RuntimeAccess:
         key = runtime_id.lower()
         entry = self._entries.get(key)
         if entry is not None and entry.expires > self._clock():
-            if entry.problem is not None:
-                raise entry.problem
-            assert entry.client is not None
+            if entry.client is None:
+                raise _problem(entry)
             return entry.client
         return await self._loads.do(key, lambda: self._load(key, runtime_id))
+
+    def _remember(self, key: str, entry: _Entry) -> None:
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._max_runtimes:
+            self._entries.popitem(last=False)
+
+    # -- servers that did not answer ----------------------------------------------------------
+
+    def unreachable_for(self, client: KubeClient) -> float | None:
+        """Seconds this client's API server still counts as not answering, or None. Asked
+        before a request: an API server that let a request time out is not asked again for a
+        while, so a stalled server costs one timeout per `unreachable_seconds`, not one per
+        caller (48 callers on a stalled runtime held every first-contact place for 10 s each)."""
+        until = self._unreachable.get(client.server)
+        if until is None:
+            return None
+        left = until - self._clock()
+        if left <= 0:
+            del self._unreachable[client.server]
+            return None
+        return left
+
+    def note_unreachable(self, client: KubeClient) -> None:
+        self._unreachable[client.server] = self._clock() + self._unreachable_seconds
+        self._unreachable.move_to_end(client.server)
+        while len(self._unreachable) > self._max_clusters:
+            self._unreachable.popitem(last=False)
 
     async def _load(self, key: str, runtime_id: str) -> KubeClient:
         now = self._clock()
@@ -124,14 +172,13 @@ class RuntimeAccess:
             ) from exc
         try:
             access = self._access_from(secret)
-        except IdentityNotProven as exc:
-            self._entries[key] = _Entry(expires=now + NEGATIVE_SECONDS, problem=exc)
-            raise
+        except IdentityNotProven:
+            self._remember(key, entry := _Entry(expires=now + NEGATIVE_SECONDS, missing=True))
+            raise _problem(entry) from None
         except KubeconfigError as exc:
-            problem = RuntimeKubeconfigInvalid(
-                f"the runtime kubeconfig Secret is unusable ({exc.reason})", retry_after=60
-            )
-            self._entries[key] = _Entry(expires=now + NEGATIVE_SECONDS, problem=problem)
+            entry = _Entry(expires=now + NEGATIVE_SECONDS, invalid=exc.reason)
+            self._remember(key, entry)
+            problem = _problem(entry)
             log.warning(
                 "runtime kubeconfig refused",
                 extra={"runtime_id": runtime_id, "reason": exc.reason},
@@ -140,7 +187,7 @@ class RuntimeAccess:
                 await self._on_invalid(runtime_id, f"{exc.reason}: {exc}")
             raise problem from None
         client = self._cluster_client(access)
-        self._entries[key] = _Entry(expires=now + self._ttl, client=client)
+        self._remember(key, _Entry(expires=now + self._ttl, client=client))
         return client
 
     def _access_from(self, secret: dict[str, object] | None) -> ClusterAccess:

@@ -28,6 +28,7 @@ PURE = [
     "connection.py",
     "revocation.py",
     "text.py",
+    "pacing.py",
 ]
 FORBIDDEN = (
     "httpx",
@@ -89,6 +90,7 @@ LAYERS: dict[str, int] = {
             "connection",
             "revocation",
             "text",
+            "pacing",
         ],
         0,
     ),
@@ -107,6 +109,7 @@ LAYERS: dict[str, int] = {
             "identity.tokenreview",
             "identity.verifier",
             "identity.enrolment",
+            "identity.screening",
             "identity.deny_list",
         ],
         1,
