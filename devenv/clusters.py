@@ -63,6 +63,11 @@ class Binaries:
     def helm(self) -> Path:
         return self.folder / "helm"
 
+    @property
+    def kubectl(self) -> Path:
+        """kubectl of the same Kubernetes release as kube-apiserver (for operator commands)."""
+        return self.folder / "kubectl"
+
 
 def find_binaries() -> Binaries:
     """Returns the control-plane binaries, building them once into the user cache.
@@ -471,15 +476,47 @@ def running_cluster(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+class _Stopped(Exception):
+    """Raised in the main thread by SIGINT, SIGTERM or SIGHUP: unwinds to the cluster's stop()."""
+
+
+def _stop_on_signals() -> None:
+    """SIGINT and SIGTERM (and SIGHUP, unless nohup ignores it) unwind `main` so the processes
+    it started are stopped. Set explicitly: a shell starts a background job with SIGINT ignored,
+    which Python then leaves ignored, and SIGTERM's default ends Python without any cleanup
+    (etcd and kube-apiserver, in sessions of their own, kept running)."""
+
+    def stop(signum: int, _frame: object) -> None:
+        # Once: a second signal must not cut the stopping short and leave a process behind.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        raise _Stopped(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, stop)
+
+
 def main() -> int:
-    """`python -m devenv.clusters`: start one cluster and print its kubeconfig path until Ctrl-C."""
+    """`python -m devenv.clusters`: start one cluster and print its kubeconfig path until
+    SIGINT (Ctrl-C) or SIGTERM, which stop etcd and kube-apiserver before it exits."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--name", default="dev")
     args = parser.parse_args()
-    with running_cluster(args.name, keep_workdir=True) as cluster:
-        print(f"{cluster.name}: {cluster.server}  KUBECONFIG={cluster.kubeconfig_path}", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.pause()
+    _stop_on_signals()
+    binaries = find_binaries()
+    try:
+        with running_cluster(args.name, binaries, keep_workdir=True) as cluster:
+            print(
+                f"{cluster.name}: {cluster.server}  KUBECONFIG={cluster.kubeconfig_path}"
+                f"  kubectl: {binaries.kubectl}",
+                flush=True,
+            )
+            while True:
+                signal.pause()
+    except _Stopped as stopped:
+        print(f"{args.name}: stopped ({stopped})", flush=True)
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prints the folder that holds kube-apiserver, etcd and helm, building them
+# Prints the folder that holds kube-apiserver, etcd, helm and kubectl, building them
 # first when needed. Progress goes to stderr; stdout is only the folder.
 #
 #   KUBEBUILDER_ASSETS=<dir>  use the binaries there instead (envtest convention)
@@ -8,7 +8,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 source "$here/versions.env"
-binaries=(kube-apiserver etcd helm)
+binaries=(kube-apiserver etcd helm kubectl)
 
 say() { echo "toolchain: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -28,7 +28,7 @@ missing=()
 for b in "${binaries[@]}"; do [[ -x "$bindir/$b" ]] || missing+=("$b"); done
 if (( ${#missing[@]} == 0 )); then echo "$bindir"; exit 0; fi
 
-command -v go >/dev/null || die "the Go toolchain (>= 1.26) is needed to build ${missing[*]}: install it (apt-get install golang-go, or go.dev/dl), or set KUBEBUILDER_ASSETS to a folder holding kube-apiserver, etcd and helm"
+command -v go >/dev/null || die "the Go toolchain (>= 1.26) is needed to build ${missing[*]}: install it (apt-get install golang-go, or go.dev/dl), or set KUBEBUILDER_ASSETS to a folder holding kube-apiserver, etcd, helm and kubectl"
 
 require_pinned() {
   local gomod="$here/$1/go.mod" want="$2"
@@ -36,6 +36,8 @@ require_pinned() {
 }
 require_pinned kube-apiserver "k8s.io/kubernetes v$KUBERNETES_VERSION"
 require_pinned etcd "go.etcd.io/etcd/server/v3 v$ETCD_VERSION"
+# kubectl's published module of the same release: k8s.io/kubectl v0.X.Y for Kubernetes v1.X.Y.
+require_pinned kubectl "k8s.io/kubectl v0.${KUBERNETES_VERSION#1.}"
 
 mkdir -p "$bindir"
 # One build at a time: parallel test runs on a cold cache wait for the first one.
@@ -69,6 +71,16 @@ for b in "${missing[@]}"; do
         -X k8s.io/client-go/pkg/version.gitVersion=$v" ;;
     etcd)
       build_one etcd "-s -w" ;;
+    kubectl)
+      v="v$KUBERNETES_VERSION"; major="${KUBERNETES_VERSION%%.*}"; minor="${KUBERNETES_VERSION#*.}"; minor="${minor%%.*}"
+      build_one kubectl "-s -w \
+        -X k8s.io/component-base/version.gitVersion=$v \
+        -X k8s.io/component-base/version.gitMajor=$major \
+        -X k8s.io/component-base/version.gitMinor=$minor \
+        -X k8s.io/component-base/version.gitTreeState=clean \
+        -X k8s.io/client-go/pkg/version.gitVersion=$v \
+        -X k8s.io/client-go/pkg/version.gitMajor=$major \
+        -X k8s.io/client-go/pkg/version.gitMinor=$minor" ;;
     helm)
       start=$SECONDS
       say "installing helm v$HELM_VERSION ..."

@@ -31,6 +31,21 @@ pin_etcd() {
     && go mod edit -go=1.26.0 -require "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" && go mod tidy)
 }
 
+# kubectl from its published staging module of the same release (k8s.io/kubectl v0.X.Y is
+# k8s.io/kubernetes v1.X.Y's staging/src/k8s.io/kubectl), with client-go and component-base
+# of that release.
+pin_kubectl() {
+  local dir="$here/kubectl"
+  rm -f "$dir/go.mod" "$dir/go.sum"
+  (cd "$dir" && go mod init kyma-compass-pull/devenv/toolchain/kubectl >/dev/null 2>&1 \
+    && go mod edit -go=1.26.0 \
+      -require "k8s.io/kubectl@$staging_version" \
+      -require "k8s.io/client-go@$staging_version" \
+      -require "k8s.io/component-base@$staging_version" \
+    && go mod tidy)
+}
+
 pin_kube_apiserver
 pin_etcd
-echo "pinned kubernetes v$KUBERNETES_VERSION (staging $staging_version), etcd v$ETCD_VERSION"
+pin_kubectl
+echo "pinned kubernetes v$KUBERNETES_VERSION (staging $staging_version, kubectl $staging_version), etcd v$ETCD_VERSION"

@@ -33,3 +33,15 @@ def test_etcd_module_pins_the_release() -> None:
     version = _versions()["ETCD_VERSION"]
     gomod = (TOOLCHAIN / "etcd" / "go.mod").read_text()
     assert f"go.etcd.io/etcd/server/v3 v{version}" in gomod
+
+
+def test_kubectl_module_pins_the_same_kubernetes_release() -> None:
+    """kubectl is built from the published staging modules of the release kube-apiserver is."""
+    version = _versions()["KUBERNETES_VERSION"]
+    staging = "v0." + version.split(".", 1)[1]
+    gomod = (TOOLCHAIN / "kubectl" / "go.mod").read_text()
+    for module in ("k8s.io/kubectl", "k8s.io/client-go", "k8s.io/component-base"):
+        assert f"{module} {staging}" in gomod, f"{module} is not pinned at {staging}"
+    build = (TOOLCHAIN / "build.sh").read_text()
+    assert "binaries=(kube-apiserver etcd helm kubectl)" in build
+    assert 'require_pinned kubectl "k8s.io/kubectl v0.${KUBERNETES_VERSION#1.}"' in build
