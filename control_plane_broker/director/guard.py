@@ -4,10 +4,12 @@ Holds: while the breaker is open no call leaves the process, also none that was 
 for a slot when it opened, and a caller learns that before it costs anything (`refuse_if_open`);
 at most `max_concurrency` calls are in flight; a request is admitted only when its turn comes
 within the queue timeout by the calendar's estimate (`book`), otherwise it is told when to come
-back; the second call of a request that already holds Director's attention (the token after a
-registration) is served before first calls, so admitted requests finish in the time promised, and
-the calendar counts it in the queue from the moment its first call queues (it will go ahead of
-every first call behind that one);
+back; the queue in front of a new request is counted as the calls booked by admitted requests
+that have not finished (in flight, waiting, or still to ask: the look-ups before a registration,
+its token) plus the calls outside any request that wait; each request's slot time, grant to
+answer over all its calls, per call it booked, is what the calendar measures (`admission`); the
+second call of a request that already holds Director's attention (the token after a
+registration) is served before first calls, so admitted requests finish in the time promised;
 a call that still waits longer than twice the queue timeout for a slot gets `CompassUnavailable`;
 a call whose caller has hung up by the time it gets a slot does not leave (`CallerGone`): after a
 restart thousands of agents time out while their requests queue, and each of those calls would
@@ -17,14 +19,23 @@ spend Director's time (and a one-time token) on nobody while the agents that sta
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
 from control_plane_broker import circuit_breaker as cb
-from control_plane_broker.director.admission import Admitted, Calendar, GuardSnapshot, advise
+from control_plane_broker.director.admission import (
+    Admissions,
+    Admitted,
+    Calendar,
+    GuardSnapshot,
+    Request,
+    advise,
+)
 from control_plane_broker.director.errors import DirectorFailed, DirectorRetryable
 from control_plane_broker.errors import CallerGone, CompassDown, CompassUnavailable, TurnBooked
 
@@ -41,27 +52,44 @@ FIRST_CALL = 1
 FOLLOW_UP = 0  # served first: the request has already spent Director's time
 
 
+class _Served:
+    """The admitted request a task serves now (its calls' slot time is the request's), seen
+    through a context variable by the task and the tasks it starts."""
+
+    def __init__(self, task: asyncio.Task[object]) -> None:
+        self.task = task
+        self.request: Request | None = None
+
+
+_SERVED: contextvars.ContextVar[_Served | None] = contextvars.ContextVar(
+    "director_request", default=None
+)
+
+
 class PrioritySlots:
     """A counting semaphore whose waiters are served by (priority, arrival).
 
-    A released slot is handed straight to the next waiter, so `free > 0` implies nobody waits."""
+    A released slot is handed straight to the next waiter, so `free > 0` implies nobody waits.
+    `acquire` answers when the slot became the caller's: for a waiter, the moment it was handed
+    over, before the event loop got round to resuming the waiter (the slot is held meanwhile)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.capacity = capacity
         self._free = capacity
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._clock = clock
+        self._waiters: list[tuple[int, int, asyncio.Future[float]]] = []
         self._seq = itertools.count()
         self.waiting = 0
 
-    async def acquire(self, priority: int, wait_seconds: float) -> None:
+    async def acquire(self, priority: int, wait_seconds: float) -> float:
         if self._free > 0:
             self._free -= 1
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            return self._clock()
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (priority, next(self._seq), future))
         self.waiting += 1
         try:
-            await asyncio.wait_for(asyncio.shield(future), wait_seconds)
+            return await asyncio.wait_for(asyncio.shield(future), wait_seconds)
         except BaseException:
             if future.done() and not future.cancelled():
                 self.release()  # granted just as we gave up: pass the slot on
@@ -79,7 +107,7 @@ class PrioritySlots:
             _, _, future = heapq.heappop(self._waiters)
             if not future.done():
                 self.waiting -= 1
-                future.set_result(None)  # the slot moves to the waiter as it is
+                future.set_result(self._clock())  # the slot moves to the waiter as it is
                 return
         self._free += 1
 
@@ -96,7 +124,7 @@ class DirectorGuard:
     ) -> None:
         self._policy = policy
         self._breaker = cb.Breaker()
-        self._slots = PrioritySlots(max_concurrency)
+        self._slots = PrioritySlots(max_concurrency, clock)
         self._queue_timeout = queue_timeout
         self._clock = clock
         self._on_state = on_state
@@ -104,14 +132,17 @@ class DirectorGuard:
         # Admitted calls that still found no slot in time: the calendar's estimate was short
         # (the answer is a 503 compass-unavailable, as for an open breaker, so count it apart).
         self._slot_timeouts = 0
-        # Follow-up calls promised by first calls that wait or are in flight. They are not in
-        # the slot queue yet, but they will be served before every first call queued now:
-        # measured, a queue counted without them made admitted registrations wait twice the
-        # time the calendar promised (and time out) after an outage.
+        self._admissions = Admissions()
+        # Calls outside any admitted request (the reconciler's) waiting for a slot, and the
+        # follow-ups they promised: not in the slot queue yet, but served before every first
+        # call queued now (measured, a queue counted without them made admitted registrations
+        # wait twice the time the calendar promised, and time out, after an outage). An
+        # admitted request's calls are in `Admissions.outstanding` from its admission on.
+        self._unbooked_waiting = 0
         self._owed_follow_ups = 0
 
     def _queued_calls(self) -> int:
-        return self._slots.waiting + self._owed_follow_ups
+        return self._admissions.outstanding + self._unbooked_waiting + self._owed_follow_ups
 
     @property
     def state(self) -> cb.State:
@@ -161,6 +192,31 @@ class DirectorGuard:
             raise TurnBooked(
                 "Director capacity is booked", retry_after=self._advise(verdict.retry_after)
             )
+        self._track(calls)
+
+    def _track(self, calls: int) -> None:
+        """The admitted request runs in the current task and ends with it (one request per
+        task, as the HTTP server runs them); a task that books again has finished its last."""
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no event loop: nothing to measure it by
+            task = None
+        if task is None:
+            return
+        served = _SERVED.get()
+        if served is None or served.task is not task:
+            served = _Served(task)
+            _SERVED.set(served)
+            task.add_done_callback(lambda _: self._finish(served.request))
+        self._finish(served.request)
+        served.request = self._admissions.admit(calls)
+
+    def _finish(self, request: Request | None) -> None:
+        if request is None:
+            return
+        sample = self._admissions.finish(request)
+        if sample is not None:
+            self.calendar.observe(sample)
 
     def _advise(self, wait: float) -> float:
         return advise(wait, max_wait=self._queue_timeout)
@@ -186,25 +242,14 @@ class DirectorGuard:
             raise CompassUnavailable("circuit breaker open", retry_after=admission.retry_after)
         probe = breaker.state is cb.State.HALF_OPEN
         verdict: Verdict | None = None  # None: no verdict on Director
-        self._owed_follow_ups += then
+        served = _SERVED.get()
+        request = served.request if served is not None else None
+        if request is not None and request.finished:
+            request = None  # a task its request started, outliving it: on its own now
+        owed = then if request is None else 0  # an admitted request's calls are booked
+        self._owed_follow_ups += owed
         try:
-            try:
-                await self._slots.acquire(
-                    FOLLOW_UP if follow_up else FIRST_CALL, 2 * self._queue_timeout
-                )
-            except TimeoutError:
-                self._slot_timeouts += 1
-                log.info(
-                    "Director call found no slot in time",
-                    extra={
-                        "waited_seconds": 2 * self._queue_timeout,
-                        "follow_up": follow_up,
-                        "estimate_seconds": round(self.calendar.latency, 3),
-                    },
-                )
-                raise CompassUnavailable(
-                    "too many Director calls in flight", retry_after=1.0
-                ) from None
+            granted = await self._slot(follow_up=follow_up, booked=request is not None)
             try:
                 if not cb.may_leave_queue(self._breaker, probe=probe):
                     raise CompassUnavailable(
@@ -215,9 +260,7 @@ class DirectorGuard:
                     )
                 if caller_present is not None and not await caller_present():
                     raise CallerGone("the caller hung up while the call waited for a slot")
-                started = self._clock()
-                result = await fn()
-                self.calendar.observe(self._clock() - started)
+                result = await self._timed(fn, granted, request)
             finally:
                 self._slots.release()
             verdict = "healthy"
@@ -234,8 +277,49 @@ class DirectorGuard:
             verdict = "healthy"  # a permanent answer: Director is up and talking
             raise
         finally:
-            self._owed_follow_ups -= then
+            self._owed_follow_ups -= owed
             self._settle(verdict, probe=probe, subject=subject)
+
+    async def _slot(self, *, follow_up: bool, booked: bool) -> float:
+        """Waits for a slot (follow-ups first); answers when it was granted."""
+        waiting = int(not booked)
+        self._unbooked_waiting += waiting
+        try:
+            return await self._slots.acquire(
+                FOLLOW_UP if follow_up else FIRST_CALL, 2 * self._queue_timeout
+            )
+        except TimeoutError:
+            self._slot_timeouts += 1
+            log.info(
+                "Director call found no slot in time",
+                extra={
+                    "waited_seconds": 2 * self._queue_timeout,
+                    "follow_up": follow_up,
+                    "estimate_seconds": round(self.calendar.latency, 3),
+                },
+            )
+            raise CompassUnavailable("too many Director calls in flight", retry_after=1.0) from None
+        finally:
+            self._unbooked_waiting -= waiting
+
+    async def _timed(
+        self, fn: Callable[[], Awaitable[T]], granted: float, request: Request | None
+    ) -> T:
+        """`fn()` on the slot granted at `granted`. The slot as this process holds it, from its
+        grant to the answer (Director's latency and the broker's own delays around it: the loop
+        resuming the waiter, the check on the caller, parsing the answer), is what the calendar
+        prices: the request's, or a call's of its own outside any request (`admission`)."""
+        try:
+            result = await fn()
+        except BaseException:
+            if request is not None:
+                self._admissions.spent(request, self._clock() - granted, ok=False)
+            raise
+        if request is not None:
+            self._admissions.spent(request, self._clock() - granted, ok=True)
+        else:
+            self.calendar.observe(self._clock() - granted)
+        return result
 
     def _settle(self, verdict: Verdict | None, *, probe: bool, subject: str) -> None:
         if verdict == "outage":

@@ -8,7 +8,13 @@ import asyncio
 import pytest
 
 from control_plane_broker import circuit_breaker as cb
-from control_plane_broker.director.admission import Admitted, Calendar, Deferred, advise
+from control_plane_broker.director.admission import (
+    Admissions,
+    Admitted,
+    Calendar,
+    Deferred,
+    advise,
+)
 from control_plane_broker.director.errors import DirectorRetryable
 from control_plane_broker.director.guard import FIRST_CALL, FOLLOW_UP, DirectorGuard, PrioritySlots
 from control_plane_broker.errors import CompassUnavailable, TurnBooked
@@ -323,15 +329,153 @@ async def test_refuse_if_open_is_cheap_and_does_not_take_the_probe() -> None:
     assert g.state is cb.State.CLOSED
 
 
-async def test_calls_measure_director_latency_for_the_calendar() -> None:
+async def test_a_call_outside_any_request_is_measured_from_its_slots_grant() -> None:
+    clock = Clock()
+    g = guard(clock, max_concurrency=1)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        holding.set()
+        await release.wait()
+        clock.now += 1.1
+
+    async def fast() -> None:
+        clock.now += 0.1
+
+    async def late_waiter() -> None:
+        await g.call(fast)
+
+    first = asyncio.create_task(g.call(hold))
+    await holding.wait()
+    waiter = asyncio.create_task(late_waiter())
+    await until(lambda: g.snapshot().waiting == 1)
+    release.set()
+    await first
+    assert g.calendar.latency == pytest.approx(0.1 + 0.2 * 1.0)
+    # The slot was handed over at once, but the loop resumed the waiter only after 0.4 s: the
+    # slot was held (and Director idle) for that time too.
+    clock.now += 0.4
+    await waiter
+    assert g.calendar.latency == pytest.approx(0.3 + 0.2 * (0.5 - 0.3))
+
+
+# --- a request's whole use of the slots -------------------------------------------------------
+
+
+def test_a_finished_request_costs_its_slot_time_per_call_it_booked() -> None:
+    admissions = Admissions()
+    request = admissions.admit(2)
+    other = admissions.admit(1)
+    assert admissions.outstanding == 3
+    # Two look-ups it did not book, the registration and the token: four calls held slots.
+    for seconds in (0.05, 0.05, 0.12, 0.08):
+        admissions.spent(request, seconds, ok=True)
+    assert admissions.finish(request) == pytest.approx(0.3 / 2)
+    assert admissions.outstanding == 1
+    assert admissions.finish(request) is None  # once only
+    assert admissions.outstanding == 1
+    assert admissions.finish(other) is None  # no call made: nothing learnt of a call's cost
+    assert admissions.outstanding == 0
+
+
+def test_a_request_with_a_failed_call_teaches_nothing_but_is_no_longer_outstanding() -> None:
+    admissions = Admissions()
+    request = admissions.admit(2)
+    admissions.spent(request, 0.1, ok=True)
+    admissions.spent(request, 10.0, ok=False)  # a timeout is no pace of Director's
+    assert admissions.finish(request) is None
+    assert admissions.outstanding == 0
+
+
+async def test_the_calendar_learns_a_requests_slot_time_per_booked_call_when_it_ends() -> None:
     clock = Clock()
     g = guard(clock)
 
-    async def slow() -> None:
-        clock.now += 1.1
+    async def call(seconds: float) -> None:
+        async def fn() -> None:
+            clock.now += seconds
 
-    await g.call(slow)
-    assert g.calendar.latency == pytest.approx(0.1 + 0.2 * 1.0)
+        await g.call(fn)
+
+    async def request() -> None:
+        g.book("rt-1", calls=2)
+        for seconds in (0.2, 0.2, 0.5, 0.3):  # two look-ups, register, token
+            await call(seconds)
+        assert g.calendar.latency == 0.1  # nothing learnt before the request is over
+
+    await asyncio.create_task(request())
+    await asyncio.sleep(0)  # the task's end is seen by its done callback
+    assert g.calendar.latency == pytest.approx(0.1 + 0.2 * (1.2 / 2 - 0.1))
+
+
+async def test_admitted_requests_count_in_the_queue_with_the_calls_they_booked_until_they_end() -> (
+    None
+):
+    clock = Clock()
+    g = guard(clock, max_concurrency=1, queue_timeout=1.0)  # 0.1 s a booked call, one at a time
+    go = asyncio.Event()
+
+    async def request(key: str) -> None:
+        g.book(key, calls=2)
+        await go.wait()  # admitted, not one call made yet: its look-ups still to come
+
+    tasks = [asyncio.create_task(request(f"rt-{i}")) for i in range(5)]
+    await until(lambda: g._admissions.outstanding == 10)
+    # Nothing waits for a slot, but the five admitted requests will take 1.0 s of it: one more
+    # is beyond the queue timeout.
+    assert g.snapshot().waiting == 0
+    with pytest.raises(TurnBooked):
+        g.book("behind", calls=1)
+    go.set()
+    await asyncio.gather(*tasks)
+    await asyncio.sleep(0)
+    assert g._admissions.outstanding == 0
+    clock.now += 10.0
+    g.book("later", calls=1)  # nothing in front any more
+    assert g._admissions.outstanding == 1  # this test's own task now serves that request
+
+
+async def test_a_task_that_books_again_has_finished_its_last_request() -> None:
+    clock = Clock()
+    g = guard(clock, max_concurrency=1, queue_timeout=100.0)
+
+    async def fn() -> None:
+        clock.now += 0.4
+
+    for i in range(3):
+        g.book(f"rt-{i}", calls=2)
+        await g.call(fn)
+        assert g._admissions.outstanding == 2  # only the request it serves now
+    assert g.calendar.latency == pytest.approx(0.1 + 0.2 * (0.2 - 0.1) + 0.2 * (0.2 - 0.12))
+
+
+async def test_a_request_s_calls_are_not_owed_twice_nor_counted_as_unbooked() -> None:
+    clock = Clock()
+    g = guard(clock, max_concurrency=1, queue_timeout=100.0)
+    inside = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        inside.set()
+        await release.wait()
+
+    async def register() -> None:
+        clock.now += 0.1
+
+    async def request() -> None:
+        g.book("rt", calls=2)
+        await g.call(register, then=1)
+
+    holder = asyncio.create_task(g.call(hold))
+    await inside.wait()
+    task = asyncio.create_task(request())
+    await until(lambda: g.snapshot().waiting == 1)
+    # the request's two booked calls; the waiting registration and its token are among them
+    assert g._queued_calls() == 2
+    release.set()
+    await asyncio.gather(holder, task)
+    await asyncio.sleep(0)
+    assert g._queued_calls() == 0
 
 
 async def test_a_call_that_finds_no_slot_in_twice_the_queue_timeout_is_refused() -> None:
