@@ -75,6 +75,9 @@ REGISTER = """mutation RegisterRuntime($in: RuntimeRegisterInput!) {
   registerRuntime(in: $in) { id name labels } }"""
 TOKEN = """mutation RequestOneTimeTokenForRuntime($id: ID!) {
   requestOneTimeTokenForRuntime(id: $id) { token connectorURL used expiresAt } }"""
+# The broker's look-ups before a registration it cannot prove new: by its label, then by
+# compass-manager's (control_plane_broker/registration/service.py, `find`).
+LOOKUP_LABELS = (RUNTIME_ID_LABEL, "gardenerClusterName")
 
 
 # --- pure pieces ---------------------------------------------------------------------------------
@@ -252,6 +255,7 @@ class CapacityResult:
     seconds: float
     errors: int
     first_error: str = ""
+    lookups: int = 0  # label look-ups before each registration, as the broker makes them
     cpu_busy: dict[str, float] = field(default_factory=dict)  # share per CPU, `cpuN`
     others_cpu_seconds: float | None = None  # other engineers' processes meanwhile
     load_after: float | None = None  # 1-minute load average at the end
@@ -282,6 +286,8 @@ class RealColdResult:
     # seconds from "go" until 25, 50, 75 and 100 % of N were connected (None: never)
     quartiles: list[float | None] = field(default_factory=list)
     broker_env: dict[str, str] = field(default_factory=dict)
+    # the bound for the calls the broker made (look-ups, register, token), when measured
+    same_calls_bound: float | None = None
     cpu_busy: dict[str, float] = field(default_factory=dict)  # share per CPU, `cpuN`
     others_cpu_seconds: float | None = None  # other engineers' processes meanwhile
     load_after: float | None = None  # 1-minute load average at the end
@@ -289,6 +295,12 @@ class RealColdResult:
     @property
     def ratio(self) -> float | None:
         return None if self.seconds is None else self.seconds / self.bound
+
+    @property
+    def same_calls_ratio(self) -> float | None:
+        if self.seconds is None or not self.same_calls_bound:
+            return None
+        return self.seconds / self.same_calls_bound
 
 
 @dataclass
@@ -335,6 +347,9 @@ def to_json(report: RealReport) -> dict[str, Any]:
         else {
             **asdict(cold),
             "ratio": None if cold.ratio is None else round(cold.ratio, 3),
+            "same_calls_ratio": None
+            if cold.same_calls_ratio is None
+            else round(cold.same_calls_ratio, 3),
             "ratio_target": RATIO_TARGET,
             "ratio_met": cold.ratio is not None and cold.ratio <= RATIO_TARGET,
         },
@@ -396,16 +411,20 @@ def render(report: RealReport) -> str:
             "",
             "`registerRuntime` then `requestOneTimeTokenForRuntime` per runtime, sent straight "
             "to the gateway (no broker) by that many concurrent callers, the labels and tenants "
-            "the broker sends.",
+            "the broker sends; the last row also makes the broker's look-ups before each "
+            "registration (by `kyma_runtime_id`, then `gardenerClusterName`), as it does for a "
+            "runtime it cannot prove new.",
             "",
-            "| concurrent callers | pairs | seconds | pairs / s | calls / s | errors "
-            "| CPU busy | others' CPU-s | load after |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| concurrent callers | calls per runtime | runtimes | seconds | runtimes / s "
+            "| calls / s | errors | CPU busy | others' CPU-s | load after |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c in report.capacity:
+            kinds = f"{c.lookups} look-ups + pair" if c.lookups else "pair"
             lines.append(
-                f"| {c.concurrency} | {c.pairs} | {c.seconds:.1f} | {c.pairs_per_second:.1f} | "
-                f"{2 * c.pairs_per_second:.1f} | {c.errors} | {_busy(c.cpu_busy)} | "
+                f"| {c.concurrency} | {kinds} | {c.pairs} | {c.seconds:.1f} | "
+                f"{c.pairs_per_second:.1f} | {(2 + c.lookups) * c.pairs_per_second:.1f} | "
+                f"{c.errors} | {_busy(c.cpu_busy)} | "
                 f"{_f(c.others_cpu_seconds, 1)} | {_f(c.load_after)} |"
             )
         lines += [""]
@@ -426,6 +445,14 @@ def render(report: RealReport) -> str:
             f"| time to all connected | {_f(cold.seconds, 1)} s (bound {cold.bound:.1f} s, "
             f"{_f(ratio)}x) | ≤ {RATIO_TARGET}x | "
             f"{'yes' if ratio is not None and ratio <= RATIO_TARGET else 'NO'} |",
+            *(
+                [
+                    f"| against Director's time for the calls the broker made | "
+                    f"{_f(cold.same_calls_ratio)}x (bound {cold.same_calls_bound:.1f} s) | | |"
+                ]
+                if cold.same_calls_bound
+                else []
+            ),
             f"| agent timeouts | {cold.agent_timeouts} | 0 | "
             f"{'yes' if cold.agent_timeouts == 0 else 'NO'} |",
             f"| one-time tokens issued | {cold.tokens_issued} | {cold.n} | "
@@ -529,9 +556,12 @@ def seed_tenants(compass: Any, n: int) -> None:
 
 
 async def measure_capacity(
-    compass: Any, *, pairs: int, concurrency: int, n_tenants: int, prefix: str
+    compass: Any, *, pairs: int, concurrency: int, n_tenants: int, prefix: str, lookups: int = 0
 ) -> CapacityResult:
-    """`pairs` register + token pairs straight to the gateway, `concurrency` at a time."""
+    """`pairs` register + token pairs straight to the gateway, `concurrency` at a time, each
+    after the first `lookups` of the broker's look-ups (`LOOKUP_LABELS`)."""
+    from control_plane_broker.director.documents import RUNTIMES_BY_LABEL  # noqa: PLC0415
+
     bearer = await asyncio.to_thread(compass.access_token)
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(pairs):
@@ -573,6 +603,13 @@ async def measure_capacity(
             }
             spec = {"name": f"{prefix}-{i:05d}", "description": rid, "labels": labels}
             try:
+                for key in LOOKUP_LABELS[:lookups]:
+                    variables = {
+                        "filter": [{"key": key, "query": json.dumps(labels[key])}],
+                        "first": 100,
+                        "after": None,
+                    }
+                    await gql(http, tenant, RUNTIMES_BY_LABEL, variables)
                 data = await gql(http, tenant, REGISTER, {"in": spec})
                 await gql(http, tenant, TOKEN, {"id": data["registerRuntime"]["id"]})
             except (httpx.HTTPError, RuntimeError, ValueError, KeyError) as exc:
@@ -591,6 +628,7 @@ async def measure_capacity(
         seconds=seconds,
         errors=errors,
         first_error=first_error,
+        lookups=lookups,
         cpu_busy=cpu_busy,
         others_cpu_seconds=others,
         load_after=load,
@@ -779,18 +817,25 @@ class RealBench:
         tokens = await bench.tokens_for(spec, bench.keys[:n])
         compass = await asyncio.to_thread(self.start_compass, "cold-real", n)
         try:
-            for concurrency in (plan.broker_concurrency, plan.capacity):
+            measurements = [
+                (plan.broker_concurrency, 0),
+                (plan.capacity, 0),
+                (plan.broker_concurrency, len(LOOKUP_LABELS)),
+            ]
+            for concurrency, lookups in measurements:
                 self.progress.say(f"measuring Director's capacity at {concurrency} callers")
                 result = await measure_capacity(
                     compass,
                     pairs=pairs,
                     concurrency=concurrency,
                     n_tenants=n,
-                    prefix=f"capacity{concurrency}",
+                    prefix=f"capacity{concurrency}-{lookups}",
+                    lookups=lookups,
                 )
                 self.progress.say(
                     f"Director capacity at {concurrency} callers: "
-                    f"{result.pairs_per_second:.1f} pairs/s ({result.errors} errors)"
+                    f"{result.pairs_per_second:.1f} runtimes/s with {lookups} look-ups "
+                    f"({result.errors} errors)"
                 )
                 report.capacity.append(result)
                 if result.errors:
@@ -830,6 +875,9 @@ class RealBench:
                 admission=admission,
                 quartiles=quartiles([t - fleet.started_at for t in fleet.connected_at.values()], n),
                 broker_env=dict(bench.config.broker_env),
+                same_calls_bound=capacity_bound(n, report.capacity[-1].pairs_per_second)
+                if calls.get("runtimes", 0) >= len(LOOKUP_LABELS) * n
+                else None,
                 cpu_busy=cpu_busy,
                 others_cpu_seconds=others_cpu(m.cpu.machine_busy, m.cpu.by_role),
                 load_after=load,

@@ -228,5 +228,21 @@ def test_the_placement_and_each_cores_load_are_in_the_report() -> None:
     report.capacity[0].load_after = 2.5
     md = real.render(report)
     assert "Director, PostgreSQL, gateway on CPU 0; bench, KCP API server, broker on CPU 1" in md
-    assert "| 10 | 400 | 8.0 | 50.0 | 100.0 | 0 | cpu0 97 % / cpu1 41 % | 0.4 | 2.50 |" in md
+    assert "| 10 | pair | 400 | 8.0 | 50.0 | 100.0 | 0 | cpu0 97 % / cpu1 41 % | 0.4 | 2.50 |" in md
     assert real.to_json(report)["cpus"] == report.cpus
+
+
+def test_the_cold_start_is_also_held_to_the_calls_the_broker_made() -> None:
+    report = a_report()
+    report.capacity.append(
+        CapacityResult(concurrency=10, pairs=400, seconds=16.0, errors=0, lookups=2)
+    )
+    assert report.cold is not None
+    report.cold.same_calls_bound = capacity_bound(1000, report.capacity[-1].pairs_per_second)
+    assert report.cold.same_calls_ratio == 25.0 / 40.0
+    md = real.render(report)
+    assert "| 10 | 2 look-ups + pair | 400 | 16.0 | 25.0 | 100.0 | 0 |" in md
+    assert "| against Director's time for the calls the broker made | 0.62x (bound 40.0 s)" in md
+    assert real.to_json(report)["cold"]["same_calls_ratio"] == 0.625
+    report.cold.same_calls_bound = None
+    assert "calls the broker made" not in real.render(report)
