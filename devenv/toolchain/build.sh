@@ -4,6 +4,9 @@
 #
 #   KUBEBUILDER_ASSETS=<dir>  use the binaries there instead (envtest convention)
 #   XDG_CACHE_HOME            where the build cache lives (default ~/.cache)
+#
+# `build.sh promql-check` prints the path of promql-check instead (Prometheus's rule and PromQL
+# parser, for the chart tests), built once into the same cache; KUBEBUILDER_ASSETS plays no part.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -12,6 +15,27 @@ binaries=(kube-apiserver etcd helm kubectl)
 
 say() { echo "toolchain: $*" >&2; }
 die() { say "$*"; exit 1; }
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/kyma-compass-pull"
+
+if [[ "${1:-}" == promql-check ]]; then
+  dir="$cache/bin/promql-check-v$PROMETHEUS_MODULE_VERSION"
+  if [[ ! -x "$dir/promql-check" ]]; then
+    command -v go >/dev/null || die "the Go toolchain (>= 1.26) is needed to build promql-check"
+    grep -q "github.com/prometheus/prometheus v$PROMETHEUS_MODULE_VERSION" "$here/promql-check/go.mod" \
+      || die "$here/promql-check/go.mod does not pin prometheus v$PROMETHEUS_MODULE_VERSION: run devenv/toolchain/pin.sh"
+    mkdir -p "$dir"
+    exec 9>"$dir/.lock"
+    flock 9
+    if [[ ! -x "$dir/promql-check" ]]; then
+      say "building promql-check (about a minute the first time) ..."
+      (cd "$here/promql-check" && GOFLAGS="-mod=readonly -buildvcs=false -trimpath" \
+        go build -ldflags "-s -w" -o "$dir/promql-check.partial" .)
+      mv "$dir/promql-check.partial" "$dir/promql-check"
+    fi
+  fi
+  echo "$dir/promql-check"
+  exit 0
+fi
 
 if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
   for b in "${binaries[@]}"; do
@@ -21,7 +45,6 @@ if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
   exit 0
 fi
 
-cache="${XDG_CACHE_HOME:-$HOME/.cache}/kyma-compass-pull"
 bindir="$cache/bin/k8s-v$KUBERNETES_VERSION-etcd-v$ETCD_VERSION-helm-v$HELM_VERSION"
 
 missing=()

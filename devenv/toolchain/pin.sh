@@ -45,7 +45,16 @@ pin_kubectl() {
     && go mod tidy)
 }
 
+pin_promql_check() {
+  local dir="$here/promql-check"
+  rm -f "$dir/go.mod" "$dir/go.sum"
+  (cd "$dir" && go mod init kyma-compass-pull/devenv/toolchain/promql-check >/dev/null 2>&1 \
+    && go mod edit -go=1.26.0 -require "github.com/prometheus/prometheus@v$PROMETHEUS_MODULE_VERSION" \
+    && go mod tidy)
+}
+
 pin_kube_apiserver
 pin_etcd
 pin_kubectl
+pin_promql_check
 echo "pinned kubernetes v$KUBERNETES_VERSION (staging $staging_version, kubectl $staging_version), etcd v$ETCD_VERSION"

@@ -45,3 +45,9 @@ def test_kubectl_module_pins_the_same_kubernetes_release() -> None:
     build = (TOOLCHAIN / "build.sh").read_text()
     assert "binaries=(kube-apiserver etcd helm kubectl)" in build
     assert 'require_pinned kubectl "k8s.io/kubectl v0.${KUBERNETES_VERSION#1.}"' in build
+
+
+def test_promql_check_module_pins_the_prometheus_release() -> None:
+    version = _versions()["PROMETHEUS_MODULE_VERSION"]
+    gomod = (TOOLCHAIN / "promql-check" / "go.mod").read_text()
+    assert f"github.com/prometheus/prometheus v{version}" in gomod
