@@ -28,6 +28,7 @@ from control_plane_broker.model import KymaView
 from control_plane_broker.registration import state
 from control_plane_broker.registration.service import MappingReader, Registered
 from control_plane_broker.registration.state import Mapping
+from control_plane_broker.text import for_humans
 from kubeapi import Conflict, KubeError
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ def failure_text(exc: BaseException) -> tuple[str, str]:
         reason = state.failure_reason(exc.slug)
         if isinstance(exc, TemporaryError):
             return reason, f"{exc.title}; will retry"
-        return reason, f"{exc.title}: {str(exc)[:MAX_MESSAGE]}"
+        # Permanent failures carry Director's own words: free text from outside.
+        return reason, f"{exc.title}: {for_humans(str(exc)[:MAX_MESSAGE])}"
     if isinstance(exc, KubeError):
         return "ControlPlaneUnavailable", "The control plane API server failed; will retry"
     return "Failed", type(exc).__name__

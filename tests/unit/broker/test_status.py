@@ -99,6 +99,13 @@ def test_failure_text(exc: BaseException, reason: str, message_start: str) -> No
     assert message.startswith(message_start)
 
 
+def test_directors_words_reach_a_condition_without_terminal_controls() -> None:
+    hostile = DirectorPermanent("registerRuntime: \x1b]0;owned\x07bad\u202edata\r\n", code=22)
+    _, message = failure_text(hostile)
+    assert message == "Compass rejected the request: registerRuntime: ]0;ownedbaddata  "
+    assert all(ch.isprintable() for ch in message)
+
+
 def test_temporary_failures_share_one_message_so_retries_do_not_rewrite() -> None:
     # A Director 503 and the breaker refusing afterwards are the same outage to a reader.
     assert failure_text(DirectorRetryable("runtimes: HTTP 503")) == failure_text(
