@@ -237,7 +237,7 @@ def test_agent_may_only_annotate_the_one_compass_connection(binaries: Binaries) 
                 BROKER_REQUIRED | {"extraEnv[0].name": name, "extraEnv[0].value": value},
                 f"extraEnv cannot set {name}",
             )
-            for name, value in [("BROKER_XFCC_TRUSTED", "true"), ("BROKER_IDENTITY_MODE", "xfcc")]
+            for name, value in [("BROKER_XFCC_TRUSTED", "yes"), ("BROKER_IDENTITY_MODE", "xfcc")]
         ],
         (
             "compass-broker",
@@ -261,8 +261,9 @@ def test_agent_may_only_annotate_the_one_compass_connection(binaries: Binaries) 
 def test_bad_values_fail_with_a_clear_message(
     binaries: Binaries, chart: str, values: dict[str, str], message: str
 ) -> None:
+    namespace = "kyma-system" if chart == "compass-agent" else "default"
     with pytest.raises(HelmError, match=message.replace("[", r"\[")):
-        render(binaries, chart, namespace="default", values=values)
+        render(binaries, chart, namespace=namespace, values=values)
 
 
 def _admit(cluster: TestCluster, namespace: str, objects: list[dict[str, Any]]) -> None:
@@ -287,7 +288,12 @@ def test_agent_chart_is_admitted_under_restricted_pod_security(
     binaries: Binaries, runtime_a: TestCluster, namespace_factory: NamespaceFactory
 ) -> None:
     ns = namespace_factory(runtime_a, labels=RESTRICTED)
-    objects = render(binaries, "compass-agent", namespace=ns, values=AGENT_REQUIRED)
+    objects = render(
+        binaries,
+        "compass-agent",
+        namespace=ns,
+        values=AGENT_REQUIRED | {"testing.anyNamespace": "true"},
+    )
     _admit(runtime_a, ns, objects)
 
 

@@ -130,7 +130,7 @@ def run_flow(
                 binaries,
                 "compass-agent",
                 namespace=agent_ns,
-                values={"broker.url": "http://127.0.0.1:1"},
+                values={"broker.url": "http://127.0.0.1:1", "testing.anyNamespace": "true"},
             )
             if obj["kind"] in RBAC_KINDS
         ]
