@@ -26,7 +26,8 @@ import certifi
 import httpx
 
 from control_plane_broker import circuit_breaker as cb
-from control_plane_broker.api.app import AccessLog, Health, create_app
+from control_plane_broker.api.access import AccessLog
+from control_plane_broker.api.app import Health, create_app
 from control_plane_broker.api.door import Door
 from control_plane_broker.api.server import bind, build_server
 from control_plane_broker.connection import fleet

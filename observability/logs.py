@@ -6,10 +6,17 @@ errors may quote the input, e.g. a YAML snippet of a kubeconfig); as a last line
 anything shaped like a JWT, a bearer or basic credential, a PEM block, or the value of a
 `token`/`TOKEN`/`password`/`client_secret` field is masked in the finished line. Callers still
 never pass secrets: redaction catches the shapes we know, not every secret.
+
+Also holds: a line written while a request is served carries its `request_id` (bound with
+`bind_request_id`, a context variable, so every line of the request has it, from whatever
+module, and tasks started by the request inherit it); no line carries a terminal escape
+sequence (uvicorn's `color_message` extra is dropped, escapes in the message are removed: a JSON
+line is read by machines and by `kubectl logs` in terminals alike).
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import re
@@ -18,7 +25,27 @@ import time
 import traceback
 from typing import Any
 
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# `color_message`: uvicorn's copy of the message with ANSI colours, for its own console format.
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
+# CSI sequences (colours, cursor moves) and the lone escapes around them.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b")
+
+_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+
+
+def bind_request_id(request_id: str | None) -> contextvars.Token[str | None]:
+    """Every line logged in this context from now on carries `request_id`; undo with
+    `unbind_request_id(token)` when the request is over."""
+    return _request_id.set(request_id)
+
+
+def unbind_request_id(token: contextvars.Token[str | None]) -> None:
+    _request_id.reset(token)
+
+
+def current_request_id() -> str | None:
+    return _request_id.get()
+
 
 # Up to its END line, or (a block cut off) to the end of the text.
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|\Z)", re.DOTALL)
@@ -45,11 +72,14 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _ANSI.sub("", record.getMessage()),
         }
+        request_id = _request_id.get()
+        if request_id is not None:
+            entry["request_id"] = request_id
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = value
+                entry[key] = _ANSI.sub("", value) if isinstance(value, str) else value
         if record.exc_info and record.exc_info[0] is not None:
             entry["error_type"] = record.exc_info[0].__name__
             entry["stack"] = "".join(traceback.format_tb(record.exc_info[2]))

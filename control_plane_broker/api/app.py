@@ -2,9 +2,8 @@
 and /openapi.json.
 
 Holds: every error leaves as application/problem+json; request logs carry method, path, status
-and duration, never headers or bodies; metrics are recorded here (the request loop), not below.
-The access log is a pure ASGI middleware: Starlette's `BaseHTTPMiddleware` costs a task and a
-stream per request, which at thousands of requests per second is most of a 503's price.
+and duration, never headers or bodies
+(`api.access`); metrics are recorded here (the request loop), not below.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import logging
 import random
 import re
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,8 +30,8 @@ from pydantic import (
     ValidationError,
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from control_plane_broker.api.access import AccessLog, note_problem
 from control_plane_broker.api.door import leave_door
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for, type_uri
 from control_plane_broker.connection import Report
@@ -219,46 +217,6 @@ class Health:
     live: Callable[[], bool]  # False once the event loop was wedged
 
 
-class AccessLog:
-    """One log line per request: method, path, status, seconds, and the Retry-After it was told
-    (when a herd comes back is what an operator asks after an outage); nothing else of the
-    request."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self._app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        started = time.monotonic()
-        status = 500
-        retry_after: str | None = None
-
-        async def send_and_note(message: Message) -> None:
-            nonlocal status, retry_after
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                for name, value in message.get("headers", ()):
-                    if name.lower() == b"retry-after":
-                        retry_after = value.decode("latin-1")
-            await send(message)
-
-        try:
-            await self._app(scope, receive, send_and_note)
-        finally:
-            log.info(
-                "request",
-                extra={
-                    "method": scope.get("method"),
-                    "path": scope.get("path"),
-                    "status": status,
-                    "seconds": round(time.monotonic() - started, 4),
-                    **({"retry_after": retry_after} if retry_after is not None else {}),
-                },
-            )
-
-
 def _still_connected(request: Request) -> Callable[[], Awaitable[bool]]:
     """Whether the client still waits for this request's answer (no body is read by the token
     endpoint, so consuming the request message here loses nothing)."""
@@ -267,6 +225,23 @@ def _still_connected(request: Request) -> Callable[[], Awaitable[bool]]:
         return not await request.is_disconnected()
 
     return check
+
+
+def routing_problem(exc: StarletteHTTPException, path: str) -> JSONResponse:
+    """Routing errors (no such path, e.g. a runtime ID with a slash; wrong method) leave as
+    problems too, so every error a client sees has one shape."""
+    slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+    note_problem(slug)
+    body = {
+        "type": type_uri(slug),
+        "title": str(exc.detail),
+        "status": exc.status_code,
+        "detail": str(exc.detail),
+        "instance": path,
+    }
+    return JSONResponse(
+        body, status_code=exc.status_code, headers=exc.headers, media_type=MEDIA_TYPE
+    )
 
 
 def create_app(
@@ -289,6 +264,7 @@ def create_app(
 
     def problem(exc: BrokerError, request: Request) -> JSONResponse:
         p = problem_for(exc, instance=request.url.path, jitter_max=jitter_max, rand=rand)
+        note_problem(exc.slug)
         return JSONResponse(p.body, status_code=p.status, headers=p.headers, media_type=MEDIA_TYPE)
 
     @app.exception_handler(BrokerError)
@@ -311,19 +287,7 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # Routing errors (no such path, e.g. a runtime ID with a slash; wrong method) leave as
-        # problems too, so every error a client sees has one shape.
-        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
-        body = {
-            "type": type_uri(slug),
-            "title": str(exc.detail),
-            "status": exc.status_code,
-            "detail": str(exc.detail),
-            "instance": request.url.path,
-        }
-        return JSONResponse(
-            body, status_code=exc.status_code, headers=exc.headers, media_type=MEDIA_TYPE
-        )
+        return routing_problem(exc, request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

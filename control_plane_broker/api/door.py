@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from control_plane_broker import pacing
+from control_plane_broker.api.access import note_problem
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for
 from control_plane_broker.errors import FirstContactsBusy
 
@@ -238,6 +239,7 @@ class Door:
             retry_after=turn,
         )
         problem = problem_for(busy, instance=path, jitter_max=0.0, rand=random.random)
+        note_problem(busy.slug)
         body = json.dumps(problem.body).encode()
         headers = [
             (b"content-type", MEDIA_TYPE.encode()),

@@ -106,3 +106,37 @@ def test_setup_writes_json_lines_to_stderr_at_the_level(
     lines = [json.loads(x) for x in stream.getvalue().splitlines()]
     assert [x["msg"] for x in lines] == ["shown"]
     assert lines[0]["token"] == "[redacted]"
+
+
+def test_uvicorns_colour_copy_is_dropped_and_no_escape_reaches_a_line() -> None:
+    # What uvicorn logs at start: the plain message and a coloured copy for its own console.
+    record = logging.makeLogRecord(
+        {
+            "name": "uvicorn.error",
+            "levelno": logging.INFO,
+            "levelname": "INFO",
+            "msg": "Started server process [%d] \x1b[1mnow\x1b[0m",
+            "args": (42,),
+            "color_message": "Started server process [\x1b[36m%d\x1b[0m]",
+            "path": "/v1/runtimes/\x1b[2Jx/token",
+        }
+    )
+    formatted = JsonFormatter().format(record)
+    assert "\\u001b" not in formatted
+    assert "\x1b" not in formatted
+    line = json.loads(formatted)
+    assert "color_message" not in line
+    assert line["msg"] == "Started server process [42] now"
+    assert line["path"] == "/v1/runtimes/x/token"
+
+
+def test_a_line_logged_while_a_request_id_is_bound_carries_it() -> None:
+    record = logging.makeLogRecord({"name": "x", "levelname": "INFO", "msg": "m"})
+    assert "request_id" not in line_for(record)
+    token = logs.bind_request_id("req-1")
+    try:
+        assert line_for(record)["request_id"] == "req-1"
+        assert logs.current_request_id() == "req-1"
+    finally:
+        logs.unbind_request_id(token)
+    assert "request_id" not in line_for(record)

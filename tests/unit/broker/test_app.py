@@ -5,21 +5,25 @@ included, is a problem (never a bare 500)."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+import re
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
 
+from control_plane_broker.api.access import AccessLog, access_level, request_id_from
 from control_plane_broker.api.app import (
     ConnectionReportBody,
     Health,
     create_app,
     report_from_body,
 )
+from control_plane_broker.errors import IdentityNotProven
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer
 from control_plane_broker.metrics import Metrics
@@ -28,6 +32,7 @@ from control_plane_broker.registration.state import to_rfc3339
 from control_plane_broker.reporting import ConnectionReporter
 from control_plane_broker.settings import Settings
 from kubeapi import ClusterAccess, KubeClient
+from observability.logs import JsonFormatter
 
 PROBLEM = "urn:kyma-compass-pull:broker:problem:"
 SECRET_TEXT = "eyJhbGciOiJSUzI1NiJ9.caller-input"
@@ -353,3 +358,130 @@ def test_any_valid_time_in_a_report_is_recorded_as_rfc3339_utc(text: str, record
     report = report_from_body(body)
     assert report.certificate_not_after == recorded
     assert to_rfc3339(report.observed_at) == recorded
+
+
+# --- the access log and the request ID -------------------------------------------------------
+
+
+class Chatty:
+    """A verifier that logs a line of its own and refuses: a line written below the app."""
+
+    mode = "test"
+
+    async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Any:
+        logging.getLogger("control_plane_broker.identity.test").warning("checking the proof")
+        raise IdentityNotProven("no proof", reason="token-invalid")
+
+
+@pytest.fixture
+def json_lines() -> Iterator[io.StringIO]:
+    """Every line logged meanwhile, as the process writes it (the one JSON format)."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    before = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield out
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(before)
+
+
+def parsed(out: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+async def test_every_line_of_a_request_carries_its_request_id_and_the_answer_echoes_it(
+    json_lines: io.StringIO,
+) -> None:
+    touched: list[str] = []
+    cache = Cache(touched)
+    cache.synced = True
+    app = AccessLog(
+        create_app(
+            issuer=issuer_with(cache, touched, verifier=Chatty()),
+            reporter=reporter_with(cache, touched),
+            metrics=Metrics(),
+            health=Health(ready=lambda: (True, []), live=lambda: True),
+            jitter_max=0,
+            access_log=False,
+        )
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as client:
+        given = await client.post(
+            "/v1/runtimes/rt-1/token", headers={"Authorization": "x", "X-Request-ID": "req-42.a:b"}
+        )
+        made = await client.post("/v1/runtimes/rt-1/token", headers={"Authorization": "x"})
+    assert given.headers["X-Request-ID"] == "req-42.a:b"
+    assert re.fullmatch(r"[0-9a-f]{32}", made.headers["X-Request-ID"])
+    lines = parsed(json_lines)
+    by_id = {
+        rid: [line["msg"] for line in lines if line.get("request_id") == rid]
+        for rid in (given.headers["X-Request-ID"], made.headers["X-Request-ID"])
+    }
+    assert all(msgs == ["checking the proof", "request"] for msgs in by_id.values()), by_id
+    access = [line for line in lines if line["msg"] == "request"]
+    assert [line["problem"] for line in access] == ["identity-not-proven"] * 2
+    assert [line["status"] for line in access] == [401, 401]
+
+
+@pytest.mark.parametrize(
+    "offered",
+    [
+        "x" * 129,
+        "has space",
+        "new\nline",
+        "\x1b[31mred",
+        '"quoted"',
+        "-leading-dash",
+        "semi;colon",
+        "",
+        "ünïcode",
+    ],
+)
+def test_a_hostile_request_id_is_replaced_by_a_fresh_one(offered: str) -> None:
+    made = request_id_from(offered)
+    assert made != offered
+    assert re.fullmatch(r"[0-9a-f]{32}", made)
+
+
+@pytest.mark.parametrize(
+    "offered", ["a", "x" * 128, "4bf92f3577b34da6a3ce929d0e0e4736", "a-b_c.d:e"]
+)
+def test_a_plausible_request_id_is_kept(offered: str) -> None:
+    assert request_id_from(offered) == offered
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "level"),
+    [
+        ("/healthz", 200, logging.DEBUG),
+        ("/readyz", 200, logging.DEBUG),
+        ("/metrics", 200, logging.DEBUG),
+        ("/readyz", 503, logging.INFO),  # not ready is news
+        ("/v1/runtimes/rt-1/token", 201, logging.INFO),
+        ("/v1/runtimes/rt-1/token", 503, logging.INFO),
+    ],
+)
+def test_probes_are_logged_at_debug_while_they_succeed(path: str, status: int, level: int) -> None:
+    assert access_level(path, status) == level
+
+
+async def test_probes_log_at_debug_and_answers_at_the_door_name_their_problem(
+    world: World, json_lines: io.StringIO
+) -> None:
+    world.cache.synced = True
+    await world.client.get("/healthz")
+    await world.client.get("/metrics")
+    await world.client.post("/v1/runtimes/a/b/token")
+    access = [line for line in parsed(json_lines) if line["msg"] == "request"]
+    assert [(line["path"], line["level"]) for line in access] == [
+        ("/healthz", "debug"),
+        ("/metrics", "debug"),
+        ("/v1/runtimes/a/b/token", "info"),
+    ]
+    assert access[-1]["problem"] == "not-found"

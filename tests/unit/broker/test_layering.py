@@ -126,7 +126,7 @@ LAYERS: dict[str, int] = {
         ],
         2,
     ),
-    **dict.fromkeys(["api.app", "api.door", "api.server"], 3),  # the HTTP surface
+    **dict.fromkeys(["api.access", "api.app", "api.door", "api.server"], 3),  # the HTTP surface
     "wiring": 4,  # the composition root
     "__main__": 5,
 }
