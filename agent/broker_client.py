@@ -44,6 +44,7 @@ from tenacity.wait import wait_base
 from agent.identity import Identity, IdentityError
 from agent.outcomes import Accepted, Issued, Outcome, Refused, ReportOutcome, Temporary
 from agent.retry import RandomSource, RetryPolicy, next_delay, parse_retry_after
+from kubeapi import describe_transport_error
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +259,11 @@ class BrokerClient:
         try:
             return await self._http.post(path, headers=headers, content=body)
         except httpx.TransportError as e:
-            # The exception text may name the URL, never a credential; keep only its class.
-            return Temporary(reason=f"transport: {type(e).__name__}")
+            # Server and cause (never the path or a header): "the broker is unreachable" is
+            # worth nothing to an operator without where and why.
+            return Temporary(
+                reason=f"transport: {type(e).__name__}", detail=describe_transport_error(e)
+            )
 
     async def request_once(self, runtime_id: str) -> Outcome:
         answer = await self._post(runtime_id, "token", b"{}")
@@ -289,6 +293,7 @@ class BrokerClient:
                     extra={
                         "runtime_id": runtime_id,
                         "reason": outcome.reason,
+                        **({"detail": outcome.detail} if outcome.detail else {}),
                         "status": outcome.status,
                         "retry_after": outcome.retry_after,
                     },

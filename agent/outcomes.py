@@ -43,11 +43,15 @@ class Refused:
 
 @dataclass(frozen=True)
 class Temporary:
-    """Transport error, 5xx, 429 or anything unexpected: ask again after a backoff."""
+    """Transport error, 5xx, 429 or anything unexpected: ask again after a backoff.
+
+    `reason` is a short, stable label (`transport: ConnectError`); `detail` what an operator
+    needs besides (for a transport error: the server and the cause)."""
 
     reason: str
     status: int | None = None
     retry_after: float | None = None
+    detail: str = ""
 
 
 @dataclass(frozen=True)

@@ -397,7 +397,7 @@ class Reconciler:
         unanswered = isinstance(outcome, Temporary) and outcome.status is None
         self._unreachable_streak = self._unreachable_streak + 1 if unanswered else 0
         if isinstance(outcome, Temporary) and unanswered:
-            self._unanswered_reason = outcome.reason
+            self._unanswered_reason = outcome.detail or outcome.reason
         label = {Issued: "issued", Refused: "refused", Temporary: "temporary"}[type(outcome)]
         self._metrics.pull_attempts.labels(outcome=label).inc()
 

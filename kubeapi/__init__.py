@@ -8,7 +8,8 @@ Public names are `__all__` and nothing else; the modules behind them are the lay
 - `client`: `KubeClient` (verbs, paging, watch) with `Listing` and `WatchEvent`;
 - `informer`: `Informer[T]`, list + watch into a store;
 - `lease`: `LeaderElector`;
-- `events`: `EventRecorder` and `ObjectRef`.
+- `events`: `EventRecorder` and `ObjectRef`;
+- `transport`: `describe_transport_error`, what a failed request says about server and cause.
 """
 
 from kubeapi.client import JSON, KubeClient, Listing, WatchEvent
@@ -31,6 +32,7 @@ from kubeapi.errors import (
 from kubeapi.events import EventRecorder, ObjectRef
 from kubeapi.informer import Informer
 from kubeapi.lease import LeaderElector
+from kubeapi.transport import describe_transport_error
 
 __all__ = [
     "JSON",
@@ -51,6 +53,7 @@ __all__ = [
     "WatchEvent",
     "access_from_kubeconfig_file",
     "access_from_untrusted_kubeconfig",
+    "describe_transport_error",
     "in_cluster_access",
     "load_access",
 ]

@@ -29,6 +29,7 @@ import httpx
 
 from kubeapi.config import ClusterAccess
 from kubeapi.errors import Gone, KubeUnavailable, NotFound, error_for_status
+from kubeapi.transport import describe_transport_error
 
 JSON = dict[str, Any]
 OnRequest = Callable[[str, int | None], None]
@@ -128,7 +129,7 @@ def _translated(what: str) -> Iterator[None]:
     try:
         yield
     except httpx.HTTPError as exc:  # transport errors, protocol errors, undecodable bodies
-        raise KubeUnavailable(f"{what}: {type(exc).__name__}") from exc
+        raise KubeUnavailable(f"{what}: {describe_transport_error(exc)}") from exc
     except httpx.InvalidURL as exc:
         raise KubeUnavailable(f"{what}: invalid URL") from exc
 

@@ -23,8 +23,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kubeapi import KubeError, describe_transport_error
 from observability import logs
 
 log = logging.getLogger("control_plane_broker.access")
@@ -45,6 +47,23 @@ def request_id_from(header: str | None) -> str:
 def access_level(path: str, status: int) -> int:
     """DEBUG for a probe or scrape that succeeded, INFO for everything else."""
     return logging.DEBUG if path in PROBES and status < 400 else logging.INFO
+
+
+def upstream_cause(exc: BaseException) -> str | None:
+    """What a server behind the broker (KCP, a runtime's API server, an issuer, Director, its
+    OAuth endpoint) did, when that is why `exc` was answered: the first request failure down
+    the cause chain, with its server and cause. None for the broker's own refusals (breaker
+    open, no slot, a bad proof): those name themselves in the problem type."""
+    seen = exc.__cause__
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, httpx.HTTPError):
+            return describe_transport_error(seen)
+        if isinstance(seen, KubeError):
+            return seen.message
+        seen = seen.__cause__
+    return None
 
 
 @dataclass

@@ -31,7 +31,7 @@ from pydantic import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from control_plane_broker.api.access import AccessLog, note_problem
+from control_plane_broker.api.access import AccessLog, note_problem, upstream_cause
 from control_plane_broker.api.door import leave_door
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for, type_uri
 from control_plane_broker.connection import Report
@@ -227,6 +227,18 @@ def _still_connected(request: Request) -> Callable[[], Awaitable[bool]]:
     return check
 
 
+def problem_response(
+    exc: BrokerError, path: str, *, jitter_max: float, rand: Jitter
+) -> JSONResponse:
+    p = problem_for(exc, instance=path, jitter_max=jitter_max, rand=rand)
+    note_problem(exc.slug)
+    cause = upstream_cause(exc)
+    if cause is not None:
+        # The answer says "unavailable"; the operator needs which server and why.
+        log.warning("upstream request failed", extra={"problem": exc.slug, "cause": cause})
+    return JSONResponse(p.body, status_code=p.status, headers=p.headers, media_type=MEDIA_TYPE)
+
+
 def routing_problem(exc: StarletteHTTPException, path: str) -> JSONResponse:
     """Routing errors (no such path, e.g. a runtime ID with a slash; wrong method) leave as
     problems too, so every error a client sees has one shape."""
@@ -263,9 +275,7 @@ def create_app(
     )
 
     def problem(exc: BrokerError, request: Request) -> JSONResponse:
-        p = problem_for(exc, instance=request.url.path, jitter_max=jitter_max, rand=rand)
-        note_problem(exc.slug)
-        return JSONResponse(p.body, status_code=p.status, headers=p.headers, media_type=MEDIA_TYPE)
+        return problem_response(exc, request.url.path, jitter_max=jitter_max, rand=rand)
 
     @app.exception_handler(BrokerError)
     async def _broker_error(request: Request, exc: BrokerError) -> JSONResponse:

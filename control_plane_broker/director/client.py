@@ -29,6 +29,7 @@ from control_plane_broker.director.models import (
     RuntimeRegisterInput,
 )
 from control_plane_broker.director.oauth import OAuthTokenSource
+from kubeapi import describe_transport_error
 
 # httpx errors raised before any byte of the request left: nothing reached Director.
 UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -129,7 +130,8 @@ class DirectorClient:
                         raw = await read_capped(response, MAX_ANSWER_BYTES, what=operation)
                 except httpx.HTTPError as exc:
                     raise DirectorRetryable(
-                        f"{operation}: {type(exc).__name__}", delivered=not isinstance(exc, UNSENT)
+                        f"{operation}: {describe_transport_error(exc)}",
+                        delivered=not isinstance(exc, UNSENT),
                     ) from exc
                 except BodyTooLarge as exc:
                     # Sent and answered: Director may have acted, so it counts as delivered.

@@ -19,6 +19,7 @@ import httpx
 from control_plane_broker.capped import KIB, BodyTooLarge, read_capped
 from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
 from control_plane_broker.settings import DirectorCredentials
+from kubeapi import describe_transport_error
 
 
 def refresh_at(*, fetched_at: float, expires_in: float) -> float:
@@ -89,7 +90,9 @@ class OAuthTokenSource:
                 status = response.status_code
                 raw = await read_capped(response, MAX_ANSWER_BYTES, what="OAuth token endpoint")
         except httpx.HTTPError as exc:
-            raise DirectorRetryable(f"OAuth token endpoint: {type(exc).__name__}") from exc
+            raise DirectorRetryable(
+                f"OAuth token endpoint: {describe_transport_error(exc)}"
+            ) from exc
         except BodyTooLarge as exc:
             raise DirectorRetryable(str(exc)) from None
         if status == 429 or status >= 500:

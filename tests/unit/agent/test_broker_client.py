@@ -150,14 +150,16 @@ async def test_temporary_statuses(response: httpx.Response, expected: Temporary)
     assert outcome == expected
 
 
-async def test_transport_error_is_temporary_without_details() -> None:
+async def test_transport_error_is_temporary_naming_server_and_cause_not_the_path() -> None:
     def handle(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
 
     client = make_client(httpx.MockTransport(handle), [])
     outcome = await client.request_once("rt")
     await client.aclose()
-    assert outcome == Temporary(reason="transport: ConnectError")
+    assert isinstance(outcome, Temporary)
+    assert outcome.reason == "transport: ConnectError"  # a stable label
+    assert outcome.detail == "ConnectError (https://broker.test): [Errno 111] Connection refused"
 
 
 async def test_pull_retries_temporary_with_growing_backoff_and_retry_after() -> None:
@@ -374,7 +376,8 @@ async def test_a_report_is_sent_once_never_retried_by_the_client() -> None:
     client = make_client(httpx.MockTransport(handle), sleeps)
     outcome = await client.report("rt", b"{}")
     await client.aclose()
-    assert outcome == Temporary(reason="transport: ConnectError")
+    assert isinstance(outcome, Temporary)
+    assert outcome.reason == "transport: ConnectError"
     assert calls == 1
     assert sleeps == []
 

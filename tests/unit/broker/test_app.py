@@ -23,7 +23,7 @@ from control_plane_broker.api.app import (
     create_app,
     report_from_body,
 )
-from control_plane_broker.errors import IdentityNotProven
+from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer
 from control_plane_broker.metrics import Metrics
@@ -31,7 +31,7 @@ from control_plane_broker.model import KymaView
 from control_plane_broker.registration.state import to_rfc3339
 from control_plane_broker.reporting import ConnectionReporter
 from control_plane_broker.settings import Settings
-from kubeapi import ClusterAccess, KubeClient
+from kubeapi import ClusterAccess, KubeClient, KubeUnavailable, describe_transport_error
 from observability.logs import JsonFormatter
 
 PROBLEM = "urn:kyma-compass-pull:broker:problem:"
@@ -485,3 +485,47 @@ async def test_probes_log_at_debug_and_answers_at_the_door_name_their_problem(
         ("/v1/runtimes/a/b/token", "info"),
     ]
     assert access[-1]["problem"] == "not-found"
+
+
+class Unreachable:
+    """A verifier whose runtime API server cannot be reached (as the TokenReview adapter says)."""
+
+    mode = "test"
+
+    async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Any:
+        request = httpx.Request("POST", "https://10.1.2.3:6443/apis/authentication.k8s.io/v1/x")
+        try:
+            try:
+                raise httpx.ConnectError("[Errno 113] No route to host", request=request)
+            except httpx.ConnectError as exc:
+                raise KubeUnavailable(f"POST /apis/...: {describe_transport_error(exc)}") from exc
+        except KubeUnavailable as exc:
+            raise ControlPlaneUnavailable("runtime API server unreachable", retry_after=5) from exc
+
+
+async def test_an_answer_caused_by_an_upstream_failure_logs_server_and_cause(
+    json_lines: io.StringIO,
+) -> None:
+    touched: list[str] = []
+    cache = Cache(touched)
+    cache.synced = True
+    app = create_app(
+        issuer=issuer_with(cache, touched, verifier=Unreachable()),
+        reporter=reporter_with(cache, touched),
+        metrics=Metrics(),
+        health=Health(ready=lambda: (True, []), live=lambda: True),
+        jitter_max=0,
+    )
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://broker.test"
+    ) as client:
+        r = await client.post("/v1/runtimes/rt-1/token", headers={"Authorization": "x"})
+    assert (r.status_code, kind(r)) == (503, "control-plane-unavailable")
+    assert "10.1.2.3" not in r.text  # the caller learns nothing about the servers behind
+    lines = parsed(json_lines)
+    [warning] = [line for line in lines if line["msg"] == "upstream request failed"]
+    assert warning["cause"] == (
+        "POST /apis/...: ConnectError (https://10.1.2.3:6443): [Errno 113] No route to host"
+    )
+    assert warning["problem"] == "control-plane-unavailable"
+    assert warning["request_id"] == r.headers["X-Request-ID"]

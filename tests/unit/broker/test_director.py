@@ -792,3 +792,15 @@ async def test_an_oversized_oauth_answer_is_refused_unread() -> None:
         await oauth.token()
     assert huge.served <= 1 << 20
     await http.aclose()
+
+
+async def test_a_transport_error_names_directors_server_and_the_cause() -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    fake.answers = [httpx.ConnectError("[Errno 111] Connection refused")]
+    with pytest.raises(DirectorRetryable) as caught:
+        await client.register_runtime(tenant="t", spec=RuntimeRegisterInput(name="n"))
+    await http.aclose()
+    assert str(caught.value) == (
+        "registerRuntime: ConnectError (https://director.test): [Errno 111] Connection refused"
+    )

@@ -118,6 +118,7 @@ def test_public_names_are_the_intended_ones() -> None:
         "WatchEvent",
         "access_from_kubeconfig_file",
         "access_from_untrusted_kubeconfig",
+        "describe_transport_error",
         "in_cluster_access",
         "load_access",
     }
