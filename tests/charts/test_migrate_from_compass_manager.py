@@ -91,7 +91,7 @@ def landscape(
     """A control plane as compass-manager runs it: its CRD applied client-side, its Deployment."""
     cluster = start_cluster("cm-landscape", binaries, workdir=tmp_path_factory.mktemp("landscape"))
     try:
-        cluster.apply_crds(kyma_crds())
+        cluster.apply_crds(kyma_crds(), timeout=90)
         cluster.create_namespace(NS)
         deployment = {
             "apiVersion": "apps/v1",
@@ -109,7 +109,7 @@ def landscape(
         client.AppsV1Api(cluster.api_client).create_namespaced_deployment(NS, deployment)
         applied = shell(binaries, cluster, f"kubectl apply -f {COMPASS_MANAGER_CRD}")
         assert applied.returncode == 0, applied.stderr
-        cluster.apply_crds([COMPASS_MANAGER_CRD])  # waits until it is served
+        cluster.apply_crds([COMPASS_MANAGER_CRD], timeout=90)  # waits until it is served
         yield cluster
     finally:
         cluster.stop()
