@@ -20,23 +20,43 @@ from agent.app import Agent
 from agent.settings import AgentSettings
 from kubeapi import KubeconfigError
 from observability import logs
+from observability.config_errors import problem_lines
+
+PROG = "compass-agent"
+
+
+def _default_text(value: object) -> str:
+    """A default as it would be set in the environment; unset ones say so, not `None`."""
+    if value is None:
+        return "unset"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 def _settings_help() -> str:
-    lines = ["environment variables:"]
+    lines = ["environment variables (defaults in brackets):"]
     for name, info in AgentSettings.model_fields.items():
-        value = None if info.is_required() else info.get_default(call_default_factory=True)
-        if isinstance(value, list):
-            value = ",".join(str(v) for v in value)
-        default = "(required)" if info.is_required() else f"default {value!s}"
+        if info.is_required():
+            default = "required"
+        else:
+            default = _default_text(info.get_default(call_default_factory=True))
         text = info.description or ""
-        lines.append(f"  AGENT_{name.upper():<28} {default}. {text}".rstrip())
+        lines.append(f"  AGENT_{name.upper()} [{default}]" + (f"\n      {text}" if text else ""))
     return "\n".join(lines)
+
+
+def _refuse(problems: list[str]) -> int:
+    for problem in problems:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="compass-agent",
+        prog=PROG,
         description=(
             "Pulls a Compass one-time token from the Kyma control-plane broker when the "
             "application-connector module is enabled, writes it to the compass-agent-configuration "
@@ -49,8 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = AgentSettings()
     except ValidationError as e:
-        print(f"compass-agent: invalid settings:\n{e}", file=sys.stderr)
-        return 2
+        return _refuse(problem_lines(e, prefix="AGENT_"))
     logs.setup(settings.log_level)
     return asyncio.run(_run(settings))
 
@@ -63,10 +82,12 @@ async def _run(settings: AgentSettings) -> int:
     try:
         agent = Agent(settings)
     except KubeconfigError as e:
-        logging.getLogger("agent").error(
-            "cannot use the kubeconfig", extra={"reason": e.reason, "error": e.message}
+        where = (
+            f"AGENT_KUBECONFIG ({settings.kubeconfig})"
+            if settings.kubeconfig is not None
+            else "AGENT_KUBECONFIG (unset: in-cluster access)"
         )
-        return 2
+        return _refuse([f"{where}: {e.message}"])
     try:
         await agent.run(stop)
     except RuntimeError:

@@ -11,12 +11,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Self
 
-from pydantic import AnyHttpUrl, Field, model_validator
+from pydantic import AnyHttpUrl, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from agent.retry import RetryPolicy
 
 DEFAULT_SA_TOKEN_FILE = Path("/var/run/secrets/compass-agent/token")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class IdentityMode(StrEnum):
@@ -134,6 +135,13 @@ class AgentSettings(BaseSettings):
     )
     log_level: str = "INFO"
 
+    @field_validator("log_level")
+    @classmethod
+    def _a_log_level(cls, value: str) -> str:
+        if value.upper() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _split_signals(cls, data: object) -> object:
@@ -149,18 +157,20 @@ class AgentSettings(BaseSettings):
         if self.identity_mode is IdentityMode.MTLS and not (
             self.client_cert_file and self.client_key_file
         ):
-            raise ValueError("identity_mode=mtls needs client_cert_file and client_key_file")
+            raise ValueError(
+                "AGENT_IDENTITY_MODE=mtls needs AGENT_CLIENT_CERT_FILE and AGENT_CLIENT_KEY_FILE"
+            )
         if self.broker_url_template is not None:
             try:
                 self.broker_url_template.format(kcp_domain="d.example", kcp_host="h.d.example")
             except (KeyError, IndexError, ValueError) as e:
                 raise ValueError(
-                    "broker_url_template knows only {kcp_domain} and {kcp_host}"
+                    "AGENT_BROKER_URL_TEMPLATE knows only {kcp_domain} and {kcp_host}"
                 ) from e
         if not self.module_signals:
-            raise ValueError("module_signals must name at least one signal")
+            raise ValueError("AGENT_MODULE_SIGNALS must name at least one signal")
         if self.lease_renew >= self.lease_duration:
-            raise ValueError("lease_renew must be shorter than lease_duration")
+            raise ValueError("AGENT_LEASE_RENEW must be shorter than AGENT_LEASE_DURATION")
         return self
 
     @property

@@ -8,17 +8,20 @@ Settings are passed down explicitly; nothing reads the environment after start-u
 from __future__ import annotations
 
 import json
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 IdentityMode = Literal["tokenreview", "jwks", "xfcc"]
 ModulePolicy = Literal["required", "ignored"]
 DisabledPolicy = Literal["keep", "unregister"]
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class Settings(BaseSettings):
@@ -244,6 +247,19 @@ class Settings(BaseSettings):
     port: int = Field(default=8080, description="Listen port (0 = any free port, logged).")
     log_level: str = Field(default="INFO", description="Log level.")
 
+    @field_validator("log_level")
+    @classmethod
+    def _a_log_level(cls, value: str) -> str:
+        if value.upper() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return value
+
+    @field_validator("allowed_service_accounts")
+    @classmethod
+    def _service_accounts_are_namespace_slash_name(cls, value: str) -> str:
+        parse_service_accounts(value)  # refused at start, not at the first request
+        return value
+
     @model_validator(mode="after")
     def _claim_outlives_a_registration(self) -> Settings:
         # A claim shorter than one registration attempt could lapse mid-call and let another
@@ -277,16 +293,79 @@ class Settings(BaseSettings):
         return self
 
     def allowed_service_account_set(self) -> frozenset[tuple[str, str]]:
-        out: set[tuple[str, str]] = set()
-        for raw in self.allowed_service_accounts.split(","):
-            item = raw.strip()
-            if not item:
-                continue
-            namespace, _, name = item.partition("/")
-            if not namespace or not name:
-                raise ValueError(f"allowed service account {item!r} is not namespace/name")
-            out.add((namespace, name))
-        return frozenset(out)
+        return parse_service_accounts(self.allowed_service_accounts)
+
+
+def parse_service_accounts(text: str) -> frozenset[tuple[str, str]]:
+    out: set[tuple[str, str]] = set()
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        namespace, _, name = item.partition("/")
+        if not namespace or not name or "/" in name:
+            raise ValueError(f"{item!r} is not namespace/name")
+        out.add((namespace, name))
+    return frozenset(out)
+
+
+def http_url_problem(url: str) -> str | None:
+    """Why `url` is no absolute http(s) URL with a host, or None."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "not an absolute http(s) URL"
+    return None
+
+
+def serving_problems(settings: Settings) -> list[str]:
+    """What serving needs beyond well-typed values, each problem on one line naming its
+    variable: Director's URL and credentials (compass-manager's file, read and parsed here),
+    files the identity modes read. Checked before anything starts, so a broker that cannot work
+    says why and exits instead of failing at the first request. Contacts nothing."""
+    problems: list[str] = []
+    if not settings.director_url:
+        problems.append(
+            "BROKER_DIRECTOR_URL is not set: Director's GraphQL endpoint, "
+            "e.g. https://compass-gateway.example/director/graphql"
+        )
+    elif (why := http_url_problem(settings.director_url)) is not None:
+        problems.append(f"BROKER_DIRECTOR_URL: {why} (got {settings.director_url[:80]!r})")
+    if settings.director_credentials_file is None:
+        problems.append(
+            "BROKER_DIRECTOR_CREDENTIALS_FILE is not set: compass-manager's credentials file, "
+            "`data: {client_id, client_secret, tokens_endpoint}`"
+        )
+    else:
+        try:
+            load_director_credentials(settings.director_credentials_file)
+        except CredentialsInvalid as exc:
+            problems.append(f"BROKER_DIRECTOR_CREDENTIALS_FILE: {exc}")
+    if settings.issuer_ca_file is not None:
+        try:
+            ssl.create_default_context().load_verify_locations(cafile=str(settings.issuer_ca_file))
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            problems.append(
+                f"BROKER_ISSUER_CA_FILE: {settings.issuer_ca_file}: no PEM CA certificates "
+                f"can be read from it ({_os_reason(exc)})"
+            )
+    if settings.xfcc_deny_list_file is not None:
+        try:
+            settings.xfcc_deny_list_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(
+                f"BROKER_XFCC_DENY_LIST_FILE: {settings.xfcc_deny_list_file}: cannot be read "
+                f"({_os_reason(exc)})"
+            )
+    return problems
+
+
+def _os_reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -299,24 +378,44 @@ class DirectorCredentials:
         return f"DirectorCredentials(client_id={self.client_id!r}, tokens_endpoint=...)"
 
 
+class CredentialsInvalid(ValueError):
+    """compass-manager's credentials file cannot be used; the message names the file and what
+    is wrong with it, never a value from it (it holds the client secret)."""
+
+
 def load_director_credentials(path: Path) -> DirectorCredentials:
     """Reads compass-manager's file: `data: {client_id, client_secret, tokens_endpoint}`.
 
     YAML is a superset of JSON, so one parser reads both. Values are plain strings: a mounted
-    Secret is already decoded.
+    Secret is already decoded. Raises `CredentialsInvalid` for a file that is missing, unreadable
+    or not in that format.
     """
-    text = path.read_text()
-    doc = yaml.safe_load(text) if text.strip() else None
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CredentialsInvalid(f"{path}: cannot be read ({_os_reason(exc)})") from None
+    try:
+        doc = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        # The parser's message quotes the line, which may be the secret's.
+        raise CredentialsInvalid(f"{path}: neither YAML nor JSON") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{path}: not a mapping")
+        raise CredentialsInvalid(
+            f"{path}: not a mapping; expected `data: {{client_id, client_secret, tokens_endpoint}}`"
+        )
     data = doc.get("data", doc)
     if isinstance(data, str):  # a JSON document embedded as a string
-        data = json.loads(data)
+        try:
+            data = json.loads(data)
+        except ValueError:
+            raise CredentialsInvalid(f"{path}: `data` is a string but not JSON") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: `data` is not a mapping")
+        raise CredentialsInvalid(f"{path}: `data` is not a mapping")
     missing = [k for k in ("client_id", "client_secret", "tokens_endpoint") if not data.get(k)]
     if missing:
-        raise ValueError(f"{path}: missing {', '.join(missing)}")
+        raise CredentialsInvalid(f"{path}: missing {', '.join(missing)}")
+    if (why := http_url_problem(str(data["tokens_endpoint"]))) is not None:
+        raise CredentialsInvalid(f"{path}: tokens_endpoint is {why}")
     return DirectorCredentials(
         client_id=str(data["client_id"]),
         client_secret=str(data["client_secret"]),

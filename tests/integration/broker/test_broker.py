@@ -8,8 +8,12 @@ behaviour it names breaks.
 from __future__ import annotations
 
 import asyncio
+import socket
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -141,6 +145,54 @@ def test_health_ready_metrics_openapi(brokers: BrokerFactory) -> None:
     broker.request_token("not_valid!", "x")
     metrics = httpx.get(f"{broker.url}/metrics").text
     assert 'broker_token_requests_total{outcome="malformed-request"} 1.0' in metrics
+
+
+def check_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "control_plane_broker", "--check-config"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_check_config_contacts_kcp_oauth_and_director_and_says_what_each_answered(
+    brokers: BrokerFactory, tmp_path: Path
+) -> None:
+    env = brokers.env()
+    out = check_config(env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == (
+        "compass-broker: ok: settings (BROKER_*) valid, credentials file readable"
+    )
+    said = "\n".join(out.stdout.splitlines()[1:])
+    assert "ok: KCP https://127.0.0.1:" in said
+    assert f"listed kymas and compassmanagermappings in {brokers.namespace}" in said
+    assert "ok: OAuth token endpoint http://127.0.0.1:" in said
+    assert "access token issued to client" in said
+    assert "ok: Director http://127.0.0.1:" in said
+
+    # Wrong secret: the token endpoint refuses; Director is not asked.
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(brokers.creds.read_text().replace("client_secret: ", "client_secret: not-"))
+    out = check_config({**env, "BROKER_DIRECTOR_CREDENTIALS_FILE": str(wrong)})
+    assert out.returncode == 1
+    assert "FAILED: OAuth token endpoint http://127.0.0.1:" in out.stderr
+    assert "FAILED: Director http://127.0.0.1:" in out.stderr
+    assert "not-" not in out.stderr + out.stdout  # no part of the secret
+
+    # Director's URL where nothing listens: its host and the cause.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = check_config({**env, "BROKER_DIRECTOR_URL": f"http://127.0.0.1:{port}/graphql"})
+    assert out.returncode == 1
+    assert (
+        f"FAILED: Director http://127.0.0.1:{port}: ConnectError (http://127.0.0.1:{port}): "
+        in (out.stderr)
+    )
 
 
 # --- identity ---

@@ -128,6 +128,7 @@ LAYERS: dict[str, int] = {
     ),
     **dict.fromkeys(["api.access", "api.app", "api.door", "api.server"], 3),  # the HTTP surface
     "wiring": 4,  # the composition root
+    "preflight": 4,  # --check-config: contacts what the composition root would
     "__main__": 5,
 }
 PACKAGES = {"", "api", "director", "identity", "kube", "registration"}
