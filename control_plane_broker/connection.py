@@ -10,9 +10,16 @@ What always holds:
   except for a runtime that was handed a token and has not reported Connected since, for
   longer than the connect deadline: then `False` with reason `NotConnectedAfterToken`. Reports
   and the leader's periodic check judge with the same function, so they never undo each other;
+- a revoked runtime (the operator's annotation on its mapping) is `Connected` `False` with reason
+  `Revoked` whatever it last reported: its tokens and reports are refused, so `kubectl get` must
+  not go on showing it connected; lifting the revocation gives the last report's word back (or
+  no `Connected` condition, when it never reported);
 - condition `ReportsStale` is `True` once the recorded last report is older than the stale bound,
   and turns `False` again with the next recorded report; it exists only once it was `True`;
-- a Warning Event is due only when one of these two conditions newly says so;
+- a Warning Event is due only when one of these two conditions newly says so: `Connected`
+  newly `False` because the runtime reports `ConnectionFailed` or `ConnectionMaintenanceFailed`
+  (`RuntimeConnectionFailed`, with its error) or because no connected report came in time
+  (`RuntimeNotConnected`), `ReportsStale` newly `True` (`ConnectionReportsStale`);
 - the runtime's free text (`lastError`) reaches the status, a condition or an Event only without
   control and bidi characters (`text.for_humans`).
 """
@@ -24,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from control_plane_broker import revocation
 from control_plane_broker.registration import state
 from control_plane_broker.registration.state import ConnectionRecord, Mapping
 from control_plane_broker.text import for_humans
@@ -45,7 +53,11 @@ UNKNOWN = "unknown"  # the fleet gauge's label for a runtime that never reported
 CONNECTED = "Connected"
 REPORTS_STALE = "ReportsStale"
 NOT_CONNECTED_AFTER_TOKEN = "NotConnectedAfterToken"  # noqa: S105 (a reason, no secret)
+REVOKED = "Revoked"
 EVENT_NOT_CONNECTED = "RuntimeNotConnected"
+EVENT_CONNECTION_FAILED = "RuntimeConnectionFailed"
+# Reported states that mean the runtime tried and failed to connect (NotFound: not tried yet).
+FAILED_STATES = frozenset({"ConnectionFailed", "ConnectionMaintenanceFailed"})
 EVENT_REPORTS_STALE = "ConnectionReportsStale"
 
 
@@ -112,7 +124,7 @@ def record_report(mapping: Mapping, report: Report, *, now: float, limits: Limit
         last_report_at=now,
         last_connected_at=now if connected else (before.last_connected_at if before else None),
     )
-    conditions, events = judge(mapping, after, now=now, limits=limits)
+    conditions, events = judge(mapping, after, now=now, limits=limits, tell_failures=True)
     conditions_changed = conditions != state.conditions_of(mapping)
     fresh = (
         before is not None
@@ -136,16 +148,25 @@ def check(mapping: Mapping, *, now: float, limits: Limits) -> Change | None:
 
 
 def judge(
-    mapping: Mapping, record: ConnectionRecord | None, *, now: float, limits: Limits
+    mapping: Mapping,
+    record: ConnectionRecord | None,
+    *,
+    now: float,
+    limits: Limits,
+    tell_failures: bool = False,
 ) -> tuple[list[dict[str, Any]], tuple[Tell, ...]]:
     """The mapping's conditions with `Connected` and `ReportsStale` as `record` and the time say,
-    and the Events that are news."""
+    and the Events that are news. `tell_failures`: a report just said the runtime failed to
+    connect (the periodic check, which only sees time pass, does not tell it again, nor a
+    failure recorded before this broker told such failures)."""
     before = state.conditions_of(mapping)
     after = before
     tells: list[Tell] = []
     generation = state.generation_of(mapping)
 
-    connected = _connected_condition(record, mapping.last_token_issued_at, now=now, limits=limits)
+    connected = _revoked_condition(mapping) or _connected_condition(
+        record, mapping.last_token_issued_at, now=now, limits=limits
+    )
     if connected is not None:
         status, reason, message = connected
         after = state.set_condition(
@@ -160,8 +181,20 @@ def judge(
         _, tell = state.condition_changed(before, after, CONNECTED)
         if tell and reason == NOT_CONNECTED_AFTER_TOKEN:
             tells.append(Tell(EVENT_NOT_CONNECTED, message))
+        elif tell and tell_failures and not status and reason in FAILED_STATES:
+            said = f"the runtime reports {reason}"
+            error = for_humans(record.last_error or "") if record is not None else ""
+            tells.append(Tell(EVENT_CONNECTION_FAILED, f"{said}: {error}" if error else said))
+    elif (state.find_condition(before, CONNECTED) or {}).get("reason") == REVOKED:
+        # Revocation lifted from a runtime that never reported: nothing is known, say nothing.
+        after = [c for c in after if c.get("type") != CONNECTED]
 
-    stale = _stale_condition(record, state.find_condition(before, REPORTS_STALE), now, limits)
+    # A revoked runtime's reports are refused: their absence is no news.
+    stale = (
+        None
+        if mapping.revoked is not None
+        else _stale_condition(record, state.find_condition(before, REPORTS_STALE), now, limits)
+    )
     if stale is not None:
         status, reason, message = stale
         after = state.set_condition(
@@ -177,6 +210,11 @@ def judge(
         if tell and status:
             tells.append(Tell(EVENT_REPORTS_STALE, message))
     return after, tuple(tells)
+
+
+def _revoked_condition(mapping: Mapping) -> tuple[bool, str, str] | None:
+    said = revocation.revoked(mapping, certificate_hash=None, deny=frozenset())
+    return None if said is None else (False, REVOKED, for_humans(said.detail))
 
 
 def _connected_condition(

@@ -188,22 +188,27 @@ class Reconciler:
         for index, mapping in enumerate(self._mapping_view.values()):
             if index % CHECK_BATCH == CHECK_BATCH - 1:
                 await asyncio.sleep(0)
-            if mapping.deleting:
-                continue
-            judge = functools.partial(connection.check, now=self._clock(), limits=limits)
-            if judge(mapping) is None:
-                continue  # the common case: decided on the view, no request
-            kyma = self._cache.get(mapping.name)
-            try:
-                if await self._status.apply_change(
-                    mapping, judge, kyma_uid=kyma.uid if kyma is not None else ""
-                ):
-                    written += 1
-            except KubeError as exc:
-                log.warning(
-                    "connection check not written", extra={"kyma": mapping.name, "error": str(exc)}
-                )
+            if await self._judge_connection(mapping, limits):
+                written += 1
         return written
+
+    async def _judge_connection(self, mapping: Mapping, limits: connection.Limits) -> bool:
+        """`connection.check` on one mapping of the view, written when it changes anything."""
+        if mapping.deleting:
+            return False
+        judge = functools.partial(connection.check, now=self._clock(), limits=limits)
+        if judge(mapping) is None:
+            return False  # the common case: decided on the view, no request
+        kyma = self._cache.get(mapping.name)
+        try:
+            return await self._status.apply_change(
+                mapping, judge, kyma_uid=kyma.uid if kyma is not None else ""
+            )
+        except KubeError as exc:
+            log.warning(
+                "connection check not written", extra={"kyma": mapping.name, "error": str(exc)}
+            )
+            return False
 
     async def run_worker(self) -> None:
         while True:
@@ -253,7 +258,10 @@ class Reconciler:
             return
         match self._plan(viewed):
             case Nothing():
-                return  # the common case, decided on the watch-fed view without a request
+                # The common case, decided on the watch-fed view without a request. A changed
+                # mapping (revoked, or lifted) is judged at once, not at the next periodic check.
+                await self._judge_connection(viewed, report_limits(self._s))
+                return
             case Requeue(after=after):
                 # A registration in flight: nothing to act on, so nothing to read either (its
                 # record arrives by the watch and queues the name again).

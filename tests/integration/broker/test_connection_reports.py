@@ -119,7 +119,16 @@ def test_a_report_is_recorded_with_its_condition_and_shown_by_kubectl_get(
     table = mapping_table(rt_a.kcp, rt_a.namespace)
     columns = [c["name"] for c in table["columnDefinitions"] if c.get("priority", 0) == 0]
     assert columns[:1] == ["Name"]
-    assert columns[1:] == ["Runtime", "Compass ID", "State", "Connected", "Last Report", "Age"]
+    assert columns[1:] == [
+        "Runtime",
+        "Compass ID",
+        "State",
+        "Connected",
+        "Revoked",
+        "Enrolment Pending",
+        "Last Report",
+        "Age",
+    ]
     row = row_of(table, rt_a.kyma_name)
     assert row["Runtime"] == rt_a.runtime_id
     assert row["Compass ID"] == compass_id
@@ -144,6 +153,11 @@ def test_a_report_is_recorded_with_its_condition_and_shown_by_kubectl_get(
     assert (row["State"], row["Connected"]) == ("ConnectionFailed", "False")
     # Other conditions stay as they were.
     assert condition(rt_a, "TokenIssued") is not None
+    # A Warning Event on the Kyma says it, with the runtime's error.
+    wait_for(lambda: events(rt_a, "RuntimeConnectionFailed"), what="RuntimeConnectionFailed")
+    [event] = events(rt_a, "RuntimeConnectionFailed")
+    assert (event.type, event.involved_object.kind) == ("Warning", "Kyma")
+    assert event.message == "the runtime reports ConnectionFailed: token already used"
 
     # The same report again: nothing written (the mapping's resourceVersion stays).
     version = (rt_a.mapping() or {})["metadata"]["resourceVersion"]

@@ -15,6 +15,7 @@ import pytest
 
 from devenv.clusters import TestCluster
 from tests.integration.broker.conftest import GROUP, BrokerFactory, Runtime, seed_runtime, wait_for
+from tests.integration.broker.test_connection_reports import mapping_table, row_of
 
 PROBLEM = "urn:kyma-compass-pull:broker:problem:"
 REVOKED = "compass-broker.kyma-project.io/revoked"
@@ -70,8 +71,23 @@ def test_a_revoked_runtime_is_refused_told_and_restored_without_unregistering(
     first = broker.request_token(rt_a.runtime_id, rt_a.token())
     assert first.status_code == 201, first.text
     [registered] = list(sim.runtimes(rt_a.tenant))
+    r = broker.report_connection(rt_a.runtime_id, rt_a.token(), body=report_body())
+    assert r.status_code == 202, r.text
+
+    def row() -> dict[str, Any]:
+        return row_of(mapping_table(rt_a.kcp, rt_a.namespace), rt_a.kyma_name)
+
+    assert (row()["Connected"], row()["Revoked"]) == ("True", None)
 
     annotate(rt_a, "decommissioned, ticket OPS-42")
+    # `kubectl get cmm`: not connected while revoked, and why, without waiting for a check.
+    wait_for(lambda: row()["Connected"] == "False", what="Connected False while revoked")
+    assert row()["Revoked"] == "decommissioned, ticket OPS-42"
+    [connected] = [
+        c for c in (rt_a.mapping() or {})["status"]["conditions"] if c["type"] == "Connected"
+    ]
+    assert connected["reason"] == "Revoked"
+    assert connected["message"] == "an operator revoked this runtime: decommissioned, ticket OPS-42"
     refused = wait_for(
         lambda: (r := broker.request_token(rt_a.runtime_id, rt_a.token())).status_code == 403 and r,
         what="the revocation reaching the broker's view",
@@ -81,9 +97,10 @@ def test_a_revoked_runtime_is_refused_told_and_restored_without_unregistering(
     assert "decommissioned, ticket OPS-42" in refused.json()["detail"]
     tokens = attempts(sim, "requestOneTimeTokenForRuntime")
 
+    recorded = (rt_a.mapping() or {})["status"]["connection"]
     r = broker.report_connection(rt_a.runtime_id, rt_a.token(), body=report_body())
     assert (r.status_code, problem_type(r)) == (403, "runtime-revoked")
-    assert "connection" not in ((rt_a.mapping() or {}).get("status") or {})
+    assert (rt_a.mapping() or {})["status"]["connection"] == recorded  # nothing recorded
     # Who cannot prove to be the runtime learns nothing: 401, as for any runtime.
     for answer in (
         broker.request_token(rt_a.runtime_id, "garbage"),
@@ -118,6 +135,8 @@ def test_a_revoked_runtime_is_refused_told_and_restored_without_unregistering(
         lambda: broker.request_token(rt_a.runtime_id, rt_a.token()).status_code == 201,
         what="tokens again after un-revoking",
     )
+    # The last report speaks again.
+    wait_for(lambda: row()["Connected"] == "True", what="Connected True after un-revoking")
     r = broker.report_connection(rt_a.runtime_id, rt_a.token(), body=report_body())
     assert r.status_code == 202, r.text
 

@@ -374,3 +374,84 @@ def test_text_for_humans_keeps_nothing_a_terminal_acts_on(text: str) -> None:
     assert all(ch.isprintable() or ch == " " for ch in out)
     assert not any(unicodedata.category(ch) in {"Cc", "Cf", "Zl", "Zp", "Cs"} for ch in out)
     assert for_humans(out) == out
+
+
+def test_a_failed_connection_is_told_once_with_its_error_and_not_for_not_found() -> None:
+    m = applied(mapping(), record_report(mapping(), report(), now=T0, limits=LIMITS))
+    change = record_report(
+        m,
+        report("ConnectionFailed", at=T0 + 50, last_error="token already used"),
+        now=T0 + 60,
+        limits=LIMITS,
+    )
+    assert change is not None
+    assert change.events == (
+        connection.Tell(
+            "RuntimeConnectionFailed", "the runtime reports ConnectionFailed: token already used"
+        ),
+    )
+    failed = applied(m, change)
+    again = record_report(
+        failed,
+        report("ConnectionFailed", at=T0 + 90, last_error="token already used again"),
+        now=T0 + 100,
+        limits=LIMITS,
+    )
+    assert again is not None
+    assert again.events == ()  # the same failure goes on: the condition's message only
+    not_found = record_report(mapping(), report("NotFound"), now=T0, limits=LIMITS)
+    assert not_found is not None
+    assert not_found.events == ()  # no CompassConnection yet: not a failure to tell
+
+
+def test_a_revoked_runtime_is_not_connected_until_the_revocation_is_lifted() -> None:
+    tokened = mapping({"lastTokenIssuedAt": state.to_rfc3339(T0)})
+    connected = applied(tokened, record_report(tokened, report(), now=T0, limits=LIMITS))
+    revoked = Mapping.from_object(
+        {
+            **connected.raw,
+            "metadata": {
+                **connected.raw["metadata"],
+                "annotations": {state.ANNOTATION_REVOKED: "leaked credentials"},
+            },
+        }
+    )
+    change = check(revoked, now=T0 + 10, limits=LIMITS)
+    assert change is not None
+    assert change.events == ()  # the broker tells RuntimeRevoked when it refuses
+    after = applied(revoked, change)
+    c = cond(after, "Connected")
+    assert c is not None
+    assert (c["status"], c["reason"], c["message"]) == (
+        "False",
+        "Revoked",
+        "an operator revoked this runtime: leaked credentials",
+    )
+    assert check(after, now=T0 + 20, limits=LIMITS) is None  # judged again: nothing to write
+    # Past the connect deadline and the stale bound: revoked says more than "not connected",
+    # and its refused reports are no news.
+    assert check(after, now=T0 + 10 * LIMITS.connect_deadline_seconds, limits=LIMITS) is None
+    lifted = Mapping.from_object(
+        {**after.raw, "metadata": {**after.raw["metadata"], "annotations": {}}}
+    )
+    back = applied(lifted, check(lifted, now=T0 + 30, limits=LIMITS))
+    c = cond(back, "Connected")
+    assert c is not None
+    assert (c["status"], c["reason"]) == ("True", "Connected")
+
+
+def test_lifting_the_revocation_of_a_runtime_that_never_reported_says_nothing() -> None:
+    never = mapping(**{state.ANNOTATION_REVOKED: ""})
+    revoked = applied(never, check(never, now=T0, limits=LIMITS))
+    c = cond(revoked, "Connected")
+    assert c is not None
+    assert (c["status"], c["reason"], c["message"]) == (
+        "False",
+        "Revoked",
+        "an operator revoked this runtime",
+    )
+    lifted = Mapping.from_object(
+        {**revoked.raw, "metadata": {**revoked.raw["metadata"], "annotations": {}}}
+    )
+    back = applied(lifted, check(lifted, now=T0 + 1, limits=LIMITS))
+    assert cond(back, "Connected") is None
