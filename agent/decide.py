@@ -239,6 +239,42 @@ def reporting_allowed(plan: Plan) -> bool:
     return plan.reason not in _NO_REPORTS
 
 
+# How much of the control plane's words (a revocation's reason, a refusal's detail) is repeated.
+DETAIL_CHARS = 512
+
+
+@dataclass(frozen=True)
+class ReportRefusal:
+    """The broker's permanent answer (a 4xx other than 429 and `runtime-revoked`) to the last
+    connection report, remembered in memory until a report is accepted."""
+
+    status: int
+    reason: str  # the problem `type` (or title)
+    detail: str = ""
+
+
+def problem_slug(reason: str) -> str:
+    """`urn:kyma-compass-pull:broker:problem:enrolment-pending` → `enrolment-pending`."""
+    return reason.rsplit(":", 1)[-1]
+
+
+def readiness_reason(
+    plan: Plan, *, revocation: Revocation | None, report_refusal: ReportRefusal | None
+) -> str:
+    """What `/readyz` says after `ready:`: the plan's reason, unless the control plane refuses
+    this runtime's word. A plan of `connection-healthy` speaks for the runtime's Compass
+    connection only; while the broker refuses its reports (e.g. 403 `enrolment-pending` after
+    a BYOC issuer changed), the control plane does not see that connection, and the module
+    state must say so instead of "healthy"."""
+    if plan.reason is Reason.RUNTIME_REVOKED and revocation is not None:
+        return f"{plan.reason}: {revocation.detail[:DETAIL_CHARS]}"
+    if report_refusal is not None and plan.reason not in _NO_REPORTS:
+        said = f"reports-refused: {report_refusal.status} {problem_slug(report_refusal.reason)}"
+        detail = report_refusal.detail[:DETAIL_CHARS]
+        return said + (f": {detail}" if detail else "")
+    return str(plan.reason)
+
+
 def revocation_after(
     current: Revocation | None, outcome: Outcome, *, now: datetime, recheck_after: timedelta
 ) -> Revocation | None:

@@ -30,7 +30,16 @@ from agent import decide
 from agent import landscape as landscape_rules
 from agent import report as reports
 from agent.broker_client import BrokerClient
-from agent.decide import Action, Observed, Plan, Reason, Refusal, Revocation, Rules
+from agent.decide import (
+    Action,
+    Observed,
+    Plan,
+    Reason,
+    Refusal,
+    ReportRefusal,
+    Revocation,
+    Rules,
+)
 from agent.kube import resources
 from agent.kube import secret as secret_io
 from agent.kube.events import EventReason, event_type
@@ -54,7 +63,7 @@ Clock = Callable[[], datetime]
 # Attempts in a row without any HTTP answer from the broker before the agent reports not ready.
 UNREACHABLE_AFTER = 3
 # How much of the operator's reason goes into an Event message and the /readyz body.
-DETAIL_CHARS = 512
+DETAIL_CHARS = decide.DETAIL_CHARS
 NEVER = float("inf")
 
 
@@ -103,6 +112,7 @@ class Reconciler:
         self._report: asyncio.Task[None] | None = None
         self._schedule = reports.Schedule()
         self._revocation: Revocation | None = None
+        self._report_refusal: ReportRefusal | None = None
         self._refusal: Refusal | None = None
         self._last_pull_at: datetime | None = None
         self._pull_streak = 0
@@ -387,11 +397,13 @@ class Reconciler:
                 f"no answer from the broker in {self._unreachable_streak} attempts "
                 f"(last: {self._unanswered_reason})"
             )
-        if plan.reason is Reason.RUNTIME_REVOKED and self._revocation is not None:
-            # Ready: the agent works and does what the control plane told it; the module going
-            # red would point the customer at the agent instead of at the revocation.
-            return True, f"{plan.reason}: {self._revocation.detail[:DETAIL_CHARS]}"
-        return True, str(plan.reason)
+        # Ready while revoked or refused: the agent works and does what the control plane told
+        # it; the module going red would point the customer at the agent instead of at the
+        # control plane. The reason says which.
+        said = decide.readiness_reason(
+            plan, revocation=self._revocation, report_refusal=self._report_refusal
+        )
+        return True, said
 
     def _count(self, outcome: Outcome) -> None:
         unanswered = isinstance(outcome, Temporary) and outcome.status is None
@@ -510,6 +522,9 @@ class Reconciler:
             self._metrics.reports.labels(outcome=_report_label(outcome)).inc()
             now = self._clock()
             if isinstance(outcome, Accepted):
+                if self._report_refusal is not None:
+                    log.info("the broker accepts connection reports again")
+                    self._report_refusal = None
                 if report.key != self._schedule.accepted:
                     log.info("connection reported", extra={"state": report.connection_state})
                 self._schedule = reports.after_accepted(
@@ -523,10 +538,13 @@ class Reconciler:
             if isinstance(outcome, Refused) and outcome.revoked:
                 self._set_revocation(outcome, kyma)
                 return
+            if isinstance(outcome, Refused):
+                self._report_refused(outcome, kyma)
             self._report_failed(
                 status=outcome.status,
                 reason=outcome.reason,
                 retry_after=outcome.retry_after if isinstance(outcome, Temporary) else None,
+                detail=outcome.detail if isinstance(outcome, Temporary) else "",
             )
         except Exception as e:
             # Never expected; but without a backoff recorded the next turn would send at once.
@@ -535,7 +553,32 @@ class Reconciler:
         finally:
             self._wake.set()
 
-    def _report_failed(self, *, status: int | None, reason: str, retry_after: float | None) -> None:
+    def _report_refused(self, outcome: Refused, kyma: KymaView | None) -> None:
+        """Remembered for `/readyz`; told once per new refusal (a Warning Event)."""
+        refusal = ReportRefusal(outcome.status, outcome.reason, outcome.detail[:DETAIL_CHARS])
+        was, self._report_refusal = self._report_refusal, refusal
+        if was is not None and (was.status, was.reason) == (refusal.status, refusal.reason):
+            return
+        slug = decide.problem_slug(refusal.reason)
+        log.warning(
+            "the broker refuses connection reports",
+            extra={"status": refusal.status, "reason": slug, "detail": refusal.detail},
+        )
+        self._spawn_event(
+            kyma,
+            EventReason.REPORT_REFUSED,
+            f"the broker refused a connection report ({refusal.status} {slug})"
+            + (f": {refusal.detail}" if refusal.detail else ""),
+        )
+
+    def _report_failed(
+        self,
+        *,
+        status: int | None,
+        reason: str,
+        retry_after: float | None,
+        detail: str = "",
+    ) -> None:
         now = self._clock()
         self._schedule = reports.after_failure(
             self._schedule, now=now, policy=self._policy, retry_after=retry_after, rng=self._rng
@@ -546,6 +589,7 @@ class Reconciler:
             extra={
                 "status": status,
                 "reason": reason,
+                **({"detail": detail} if detail else {}),
                 "retry_in": round((again_at - now).total_seconds(), 2),
             },
         )

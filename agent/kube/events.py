@@ -17,10 +17,16 @@ class EventReason(StrEnum):
     CONNECTION_FAILURE_SEEN = "ConnectionFailureSeen"
     SECRET_REMOVED = "SecretRemoved"  # noqa: S105 - a name, not a password
     RUNTIME_REVOKED = "RuntimeRevoked"
+    REPORT_REFUSED = "ReportRefused"
 
 
 WARNINGS = frozenset(
-    {EventReason.PULL_REFUSED, EventReason.CONNECTION_FAILURE_SEEN, EventReason.RUNTIME_REVOKED}
+    {
+        EventReason.PULL_REFUSED,
+        EventReason.CONNECTION_FAILURE_SEEN,
+        EventReason.RUNTIME_REVOKED,
+        EventReason.REPORT_REFUSED,
+    }
 )
 
 

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from agent import decide
 from agent.decide import (
     Action,
     Observed,
@@ -358,3 +359,34 @@ def test_one_token_per_try_of_a_runtime_agent_that_acts_only_at_its_resync() -> 
         now += second
     assert tries > 10
     assert pulls in (tries, tries - 1)  # the last try's token may still be on its way
+
+
+# --- what /readyz says -------------------------------------------------------------------------
+
+ENROLMENT_PENDING = decide.ReportRefusal(
+    403,
+    "urn:kyma-compass-pull:broker:problem:enrolment-pending",
+    "the issuer awaits approval",
+)
+
+
+def test_a_healthy_connection_whose_reports_are_refused_is_not_said_to_be_healthy() -> None:
+    healthy = decide.Plan(decide.Action.IDLE, decide.Reason.CONNECTION_HEALTHY)
+    assert decide.readiness_reason(healthy, revocation=None, report_refusal=None) == (
+        "connection-healthy"
+    )
+    assert decide.readiness_reason(healthy, revocation=None, report_refusal=ENROLMENT_PENDING) == (
+        "reports-refused: 403 enrolment-pending: the issuer awaits approval"
+    )
+
+
+def test_revocation_and_plans_without_reports_speak_for_themselves() -> None:
+    revoked = decide.Plan(decide.Action.WAIT, decide.Reason.RUNTIME_REVOKED)
+    revocation = decide.Revocation(detail="x" * 600, since=NOW, recheck_at=NOW)
+    said = decide.readiness_reason(revoked, revocation=revocation, report_refusal=ENROLMENT_PENDING)
+    assert said == "runtime-revoked: " + "x" * decide.DETAIL_CHARS
+    # The module is off: no reports are sent, an old refusal says nothing about now.
+    off = decide.Plan(decide.Action.IDLE, decide.Reason.MODULE_DISABLED)
+    assert decide.readiness_reason(off, revocation=None, report_refusal=ENROLMENT_PENDING) == (
+        "module-disabled"
+    )
