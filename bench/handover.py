@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -133,25 +134,42 @@ def render_section(result: HandoverResult, command: str) -> str:
         f"{result.first_connection_tokens}, "
         f"{_seconds(result.first_connected)} / {_seconds(result.first_synchronized)} |",
         "",
-        "Per reconnect (tokens; seconds from `ConnectionFailed` to `Connected`, `Synchronized`, "
-        "reported): "
+        "Per reconnect (Director tokens; seconds from `ConnectionFailed` to `Connected` / "
+        "`Synchronized` / reported): "
         + "; ".join(
-            f"{r.index}: {r.tokens}, {_seconds(r.failed_to_connected)}, "
-            f"{_seconds(r.failed_to_synchronized)}, {_seconds(r.failed_to_reported)}"
+            f"{r.index}: {r.tokens}, {_bare(r.failed_to_connected)}/"
+            f"{_bare(r.failed_to_synchronized)}/{_bare(r.failed_to_reported)}"
             for r in result.reconnects
         )
         + ".",
         "",
-        "`Connected` follows the token within about 17 s: our agent hands it over (annotates the "
-        "CompassConnection) once the minimal sync time has passed since the failed attempt, and "
-        "the real agent reconciles on that update. `Synchronized` waits for the real agent's "
-        "next resync (its own update after `Connected` is skipped, `lastSync` being fresh), so it "
-        "spreads over one jittered sync period.",
+        "`Connected` follows the failure after the minimal sync time and a second: our agent "
+        "pulls the token at once, then hands it over (annotates the CompassConnection) once "
+        "the minimal sync time has passed since the failed attempt, and the real agent "
+        "reconciles on that update at once. `Synchronized` waits for the real agent's next "
+        "resync (its own update after `Connected` is skipped, `lastSync` being fresh): up to "
+        "one jittered sync period after the failure"
+        + (
+            "."
+            if result.random_phase
+            else ", here all of it, the failures coming just after a resync."
+        ),
         "",
         f"Reproduce: `{command}` (needs root, unshare(1) and the runtime agent's source; holds "
         "the machine-wide runtime-agent lock).",
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(_wrap(line) for line in lines) + "\n"
+
+
+def _wrap(paragraph: str, width: int = 100) -> str:
+    """Prose wrapped as the docs are; headings and table rows as they are."""
+    if paragraph.startswith(("#", "|")) or len(paragraph) <= width:
+        return paragraph
+    return textwrap.fill(paragraph, width, break_long_words=False, break_on_hyphens=False)
+
+
+def _bare(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def _seconds(value: float | None) -> str:

@@ -66,4 +66,8 @@ def test_the_command_to_reproduce_names_the_settings() -> None:
     )
     run.random_phase = True
     assert reproduce(run).endswith("--random-phase --docs")
-    assert "anywhere in the real agent's resync cycle" in render_section(run, reproduce(run))
+    text = " ".join(render_section(run, reproduce(run)).split())  # wrapped at 100 columns
+    assert "anywhere in the real agent's resync cycle" in text
+    assert all(
+        len(line) <= 100 for line in render_section(run, "x").splitlines() if line[:1] != "|"
+    )
