@@ -42,8 +42,8 @@ EPILOG = """\
 --real-director runs the real Compass Director (built once from the pinned source, see
 docs/real-compass.md) behind our gateway instead of the simulator; --real-runtime-agent runs
 Kyma's compass-runtime-agent in runtime B (root and unshare needed; built by `make demo`).
-The simulator stays the default: no build, and the faults and scale the real one cannot give
-(docs/compass-simulator.md).
+Both together work too. The simulator stays the default: no build, and the faults and scale
+the real one cannot give (docs/compass-simulator.md).
 
 Logs of every process go to <work folder>/logs; the list of processes (pid, command) to
 <work folder>/processes.json. Keys, tokens and cluster data are removed when the demo stops.
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--real-runtime-agent",
         action="store_true",
         help="Kyma's real compass-runtime-agent in runtime B instead of the simulated one "
-        "(needs root and unshare; reaches Synchronized over the simulator's mTLS side)",
+        "(needs root and unshare; reaches Synchronized over Compass's certificate-secured side)",
     )
     parser.add_argument(
         "--timeout-scale",
@@ -110,23 +110,10 @@ def _report_failure(story: Story, exc: StepFailed) -> None:
             story.detail(f"  {line}")
 
 
-# Why both options cannot run together: said before anything starts.
-COMBINED_REFUSAL = (
-    "--real-director and --real-runtime-agent cannot be combined: after Connected the real "
-    "compass-runtime-agent syncs with Director over mutual TLS, authenticated by its client "
-    "certificate; the simulator serves that side (devenv/compass_sim/mtls.py), but nothing maps "
-    "a certificate to a runtime consumer of the real Director yet (Compass's Oathkeeper and "
-    "hydrator do), so the real agent could only reach Connected, never Synchronized. Run them "
-    "one at a time."
-)
-
-
 def preflight(args: argparse.Namespace) -> tuple[str | None, Path | None]:
     """(why an option cannot work here, or None; the real runtime agent's build folder)."""
     if args.timeout_scale <= 0:
         return "--timeout-scale must be positive", None
-    if args.real_director and args.real_runtime_agent:
-        return COMBINED_REFUSAL, None
     if args.real_director:
         where, reason = find_compass_source()
         if where is None:

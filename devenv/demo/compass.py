@@ -44,7 +44,10 @@ class CompassView(Protocol):
 class RealDirectorView:
     """The real Director's stack, seen as the story sees Compass. `close()` stops the stack."""
 
-    calls_source = "as the gateway counted them in front of the real Director"
+    calls_source = (
+        "as the gateway counted them in front of the real Director; it records no outcomes, "
+        "so failed calls are not marked"
+    )
 
     def __init__(self, stack: RealCompass) -> None:
         self.stack = stack

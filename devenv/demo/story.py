@@ -37,6 +37,7 @@ from devenv.real_director import (
     RealCompass,
     RealCompassError,
     build_director,
+    postgres,
     start_real_compass,
 )
 from devenv.runtime_agent import RealRuntimeAgent, RuntimeAgentUnavailable
@@ -364,13 +365,16 @@ class Demo:
             raise StepFailed(f"the real Director did not start: {exc}") from exc
         self.real = stack
         self.sim = RealDirectorView(stack)
+        if self.options.real_runtime_agent:
+            # What the real compass-runtime-agent syncs with after Connected.
+            self.sim_urls["certificate_secured_url"] = stack.start_certificate_secured()
         for name, pid in stack.pids().items():
             self.processes.note(f"real-director-{name}", pid)
-        self.sim_urls = {
-            "director_url": stack.director_url,
-            "connector_url": stack.connector_url,
-            "token_url": stack.token_url,
-        }
+        self.sim_urls.update(
+            director_url=stack.director_url,
+            connector_url=stack.connector_url,
+            token_url=stack.token_url,
+        )
         for spec in self.specs.values():
             stack.add_global_account(spec.global_account)
             stack.add_subaccount(spec.subaccount, parent=spec.global_account, region="westeurope")
@@ -386,6 +390,11 @@ class Demo:
             f"Connector {stack.connector_url} (one-time tokens checked and spent in Director's "
             "database, as Compass's hydrator does through Director)"
         )
+        if "certificate_secured_url" in self.sim_urls:
+            self.story.detail(
+                f"mTLS      {self.sim_urls['certificate_secured_url']} (certificate-secured "
+                "Connector and Director: a client certificate's CN names the runtime's SystemAuth)"
+            )
         self.story.detail(
             f"started in {stack.timings.get('total', 0.0):.1f}s; Director's log "
             f"{stack.director_log}"
@@ -604,6 +613,8 @@ class Demo:
         runtime.real_agent = real
         assert real.process is not None
         runtime.runtime_agent = self.processes.adopt(name, real.process, real.log_path)
+        # Every log in logs/: the real agent writes its own next to its kubeconfig.
+        (self.processes.log_dir / f"{name}.log").symlink_to(real.log_path)
 
     def _wait_for_secret(self, runtime: Runtime, *, timeout: float) -> TokenSecret:
         secret: TokenSecret = self.story.wait_for(
@@ -973,6 +984,11 @@ class Demo:
         self.story.say(f"             Director {stack.director_url} (Bearer from the token URL)")
         self.story.say(f"             token URL {stack.token_url}")
         self.story.say(f"             Connector {stack.connector_url}")
+        if "certificate_secured_url" in self.sim_urls:
+            self.story.say(
+                f"             mTLS {self.sim_urls['certificate_secured_url']} (Connector and "
+                "Director for a runtime's client certificate)"
+            )
         self.story.say(
             f"             credentials {credentials} (compass-manager's format; e.g. curl -u "
             "<client_id>:<client_secret> -d grant_type=client_credentials <token URL>)"
@@ -982,7 +998,8 @@ class Demo:
             "/_gateway/faults, /_gateway/down"
         )
         self.story.say(f"             Director itself {found['director_internal_url']}/graphql")
-        self.story.say(f"             PostgreSQL {found['postgres']} (psql from the wheel)")
+        self.story.say(f"             PostgreSQL {found['postgres']} (Director's database)")
+        self.story.say(f"               psql: {postgres.bin_dir() / 'psql'} -d {found['postgres']}")
         self.story.say(f"             Director's log {stack.director_log}")
 
     def keep_running(self) -> None:

@@ -12,6 +12,8 @@ verifies against a JWKS. This gateway does the same in one process:
 - `GET /.well-known/jwks.json`: the key Director verifies with.
 - `POST /connector/graphql`: Connector's `configuration` and `signCertificateSigningRequest`
   for the one-time tokens Director issued (see "The Connector" below).
+- on a port of its own, when started (`start_certificate_secured`): the certificate-secured
+  Connector and Director a runtime uses with its client certificate (`CertificateSecuredGateway`).
 - `/_gateway/calls` (GET, DELETE), `/_gateway/faults` (GET, PUT, DELETE) and `/_gateway/down`
   (PUT, DELETE): counters and fault injection for a stack run as a separate process
   (`python -m devenv.real_director`).
