@@ -39,7 +39,9 @@ def _token(key: Any = None, *, kid: str = "k1", alg: str = "ES256", **changes: A
     payload = {
         "iss": ISSUER,
         "aud": ["compass-broker"],
-        "exp": int(time.time()) + 600,
+        # A day: parametrized tokens are made when the tests are collected, and a full run
+        # reaches these a quarter of an hour later.
+        "exp": int(time.time()) + 86400,
         "sub": AGENT,
     } | changes
     return jwt.encode(payload, key, algorithm=alg, headers={"kid": kid} if kid else {})

@@ -46,7 +46,9 @@ def sa_token(**changes: Any) -> str:
     payload = {
         "iss": "https://issuer.test",
         "aud": ["compass-broker"],
-        "exp": int(time.time()) + 600,
+        # A day: parametrized tokens are made when the tests are collected, and a full run
+        # reaches these a quarter of an hour later.
+        "exp": int(time.time()) + 86400,
         "sub": AGENT,
         "jti": uuid.uuid4().hex,
     } | changes
