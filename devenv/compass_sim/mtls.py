@@ -11,8 +11,10 @@ certificate the simulator's CA signed:
   (always an empty page: the simulator has no applications) and `setRuntimeLabel`, which the
   agent uses for its events and console URLs. Header `Tenant` names the runtime's tenant.
 
-A runtime sees only itself: another runtime's ID, or a tenant that is not its own, is "not
-found", as for Director's runtime consumers. A client without a certificate from the
+A runtime sees only itself: another runtime's ID, or a tenant that cannot see it, is "not
+found", as for Director's runtime consumers. A runtime registered in a subaccount is seen from
+its global account too (the broker registers in the subaccount; the runtime's Secret names the
+global account as `TENANT`). A client without a certificate from the
 simulator's CA does not get past the TLS handshake.
 
 `CertificateSecuredCompass(sim).start()` serves it from a thread of its own on an HTTPS port and
@@ -255,7 +257,11 @@ class CertificateSecuredCompass:
 
     def _own_runtime(self, caller: _Caller, runtime_id: str) -> Any:
         runtime = self._sim.store.find_runtime(runtime_id)
-        if runtime is None or runtime_id != caller.runtime_id or runtime.tenant != caller.tenant:
+        if (
+            runtime is None
+            or runtime_id != caller.runtime_id
+            or caller.tenant not in runtime.visible_to
+        ):
             raise DirectorError.not_found("Runtime", runtime_id)
         return runtime
 

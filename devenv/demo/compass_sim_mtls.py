@@ -8,12 +8,6 @@ then on, so the real agent can reach `Synchronized`. Prints one JSON line like t
 with `certificate_secured_url` added. The simulator's faults (`down`) reach its main listener
 only: the certificate-secured listener stays up, as a runtime's established connection to
 Compass is not what the demo's outage is about.
-
-One correction to `CertificateSecuredCompass`: it answers "not found" when the `Tenant` header is
-not the runtime's owner, but the broker registers a runtime in its subaccount and the runtime's
-Secret names the global account (`TENANT`), which sees it in the real Director (and in the
-simulator's own Director API): the real agent then never reached `Synchronized`. Here a runtime
-is its own for every tenant that sees it (`RuntimeRecord.visible_to`).
 """
 
 from __future__ import annotations
@@ -24,27 +18,12 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import ValidationError
 
 from devenv.compass_sim.__main__ import build_parser, config_from_args
-from devenv.compass_sim.errors import DirectorError
 from devenv.compass_sim.mtls import CertificateSecuredCompass
 from devenv.compass_sim.server import CompassSimulator
-from devenv.compass_sim.store import RuntimeRecord
-
-
-class _SeenByItsTenants(CertificateSecuredCompass):
-    def _own_runtime(self, caller: Any, runtime_id: str) -> RuntimeRecord:
-        runtime = self._sim.store.find_runtime(runtime_id)
-        if (
-            runtime is None
-            or runtime_id != caller.runtime_id
-            or caller.tenant not in runtime.visible_to
-        ):
-            raise DirectorError.not_found("Runtime", runtime_id)
-        return runtime
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim = CompassSimulator(config, access_log=args.access_log)
     with (
         sim.running(args.host, args.port, admin_port=args.admin_port),
-        _SeenByItsTenants(sim, host=args.host) as secured,
+        CertificateSecuredCompass(sim, host=args.host) as secured,
     ):
         endpoints = {
             "url": sim.url,

@@ -128,6 +128,37 @@ def test_runtime_syncs_over_mtls_and_sees_only_itself(
     assert calls["setRuntimeLabel"] - before.get("setRuntimeLabel", 0) == 1
 
 
+def test_a_runtime_registered_in_a_subaccount_is_seen_from_its_global_account(
+    compass: tuple[CompassSimulator, CertificateSecuredCompass], tmp_path: Path
+) -> None:
+    """The broker registers in the subaccount; the runtime's Secret names the global account."""
+    sim, secured = compass
+    token = httpx.post(
+        sim.token_url,
+        data={"grant_type": "client_credentials", "scope": "runtime:read runtime:write"},
+        auth=("id", "secret"),
+    ).json()["access_token"]
+    registered = httpx.post(
+        sim.director_url,
+        headers={"Authorization": f"Bearer {token}", "Tenant": TENANT},
+        json={
+            "query": "mutation($in: RuntimeRegisterInput!) { registerRuntime(in: $in) { id } }",
+            "variables": {"in": {"name": "in-sa", "labels": {"global_subaccount_id": "sa-1"}}},
+        },
+    ).json()["data"]["registerRuntime"]["id"]
+    stored = sim.runtime(registered)
+    assert stored is not None
+    assert stored.tenant == "sa-1"  # owned by the subaccount
+    with _client(sim, registered, tmp_path) as client:
+        answer = client.post(
+            f"{secured.url}/director/graphql",
+            json={"query": APPS_AND_LABELS % {"id": registered}},
+            headers={"Tenant": TENANT},
+        ).json()
+    assert "errors" not in answer, answer
+    assert answer["data"]["applicationsForRuntime"]["data"] == []
+
+
 def test_without_a_certificate_from_the_connector_nothing_gets_through(
     compass: tuple[CompassSimulator, CertificateSecuredCompass],
 ) -> None:
