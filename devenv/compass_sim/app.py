@@ -344,7 +344,7 @@ def admin_routes(sim: CompassSimulator) -> list[BaseRoute]:
     async def save(_request: Request) -> JSONResponse:
         return _json({"saved": sim.save_state()})
 
-    return [
+    routes: list[BaseRoute] = [
         Route("/health", health, methods=["GET"]),
         Route("/faults", get_faults, methods=["GET"]),
         Route("/faults", put_faults, methods=["PUT"]),
@@ -359,6 +359,16 @@ def admin_routes(sim: CompassSimulator) -> list[BaseRoute]:
         Route("/tokens", tokens, methods=["GET"]),
         Route("/save", save, methods=["POST"]),
     ]
+
+    async def index(_request: Request) -> JSONResponse:
+        # What the demo prints as the admin URL: the map of what is here.
+        endpoints: dict[str, list[str]] = {}
+        for route in routes:
+            if isinstance(route, Route):
+                endpoints.setdefault(route.path, []).extend(sorted(route.methods or ()))
+        return _json({"endpoints": {path: sorted(set(m)) for path, m in endpoints.items()}})
+
+    return [Route("/", index, methods=["GET"]), *routes]
 
 
 def build_main_app(sim: CompassSimulator) -> ASGIApp:

@@ -327,7 +327,9 @@ class Demo:
         )
         self.story.detail(f"Director  {self.sim_urls['director_url']}")
         self.story.detail(f"Connector {self.sim_urls['connector_url']}")
-        self.story.detail(f"admin     {self.sim_urls['admin_url']}/_sim/ (faults, runtimes, calls)")
+        self.story.detail(
+            f"admin     {self.sim_urls['admin_url']}/_sim/ (faults, counters, runtimes)"
+        )
         if "certificate_secured_url" in self.sim_urls:
             self.story.detail(
                 f"mTLS      {self.sim_urls['certificate_secured_url']} (certificate-secured "

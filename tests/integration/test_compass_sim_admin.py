@@ -264,3 +264,15 @@ def test_cli_serves_with_its_flags_until_terminated(tmp_path: Path) -> None:
         stdout.close()
         if process.stderr is not None:
             process.stderr.close()
+
+
+def test_the_admin_url_the_demo_prints_answers_with_a_map_of_what_is_there(
+    sim: CompassSimulator, http: httpx.Client
+) -> None:
+    index = http.get(f"{sim.admin_url}/_sim/")
+    assert index.status_code == 200
+    endpoints = index.json()["endpoints"]
+    assert endpoints["/faults"] == ["DELETE", "GET", "HEAD", "PATCH", "PUT"]
+    for path, methods in endpoints.items():
+        if "GET" in methods:
+            assert http.get(f"{sim.admin_url}/_sim{path}").status_code == 200, path

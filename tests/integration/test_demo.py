@@ -241,6 +241,17 @@ def took_seconds(out: str) -> float:
     return float(took.group(1))
 
 
+STEP = re.compile(r"^\[ *[\d.]+s\] (\d+\. .*)$", re.MULTILINE)
+
+
+def documented_steps() -> list[str]:
+    """The numbered steps of docs/demo.md's first sample output (the default demo)."""
+    doc = (REPO_ROOT / "docs" / "demo.md").read_text()
+    start = doc.index("## Sample output")
+    sample = doc[doc.index("```text", start) : doc.index("```\n", doc.index("```text", start) + 7)]
+    return STEP.findall(sample)
+
+
 @pytest.mark.timeout(240)
 def test_the_demo_tells_the_whole_story_and_leaves_nothing_running(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
@@ -253,6 +264,8 @@ def test_the_demo_tells_the_whole_story_and_leaves_nothing_running(tmp_path: Pat
     assert "Director calls by operation (as the simulator recorded them)" in out
     assert (workdir / "logs" / "compass-sim.log").stat().st_size > 0
     assert took_seconds(out) < 120
+    # docs/demo.md shows the output of this very story, step by step.
+    assert STEP.findall(out) == documented_steps()
 
 
 @pytest.mark.timeout(300)
