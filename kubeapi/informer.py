@@ -119,14 +119,6 @@ class Informer(Generic[T]):
     def synced(self) -> bool:
         return self._synced.is_set()
 
-    async def wait_synced(self, seconds: float) -> bool:
-        """True once synced, False when `seconds` passed first."""
-        try:
-            await asyncio.wait_for(self._synced.wait(), seconds)
-        except TimeoutError:
-            return False
-        return True
-
     def get(self, name: str) -> T | None:
         return self._items.get(name)
 

@@ -38,9 +38,5 @@ def events(namespace: str) -> str:
     return f"/api/v1/namespaces/{namespace}/events"
 
 
-def leases(namespace: str) -> str:
-    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
-
-
 def token_request(namespace: str, service_account: str) -> str:
     return f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"

@@ -58,11 +58,6 @@ def check_audience(audiences: Iterable[str], expected: str) -> None:
         raise IdentityNotProven("the token lacks the expected audience", reason="audience")
 
 
-def check_not_expired(expires_at: float | None, now: float, *, leeway: float = 0.0) -> None:
-    if expires_at is not None and expires_at + leeway <= now:
-        raise IdentityNotProven("the token has expired", reason="expired")
-
-
 def unverified_expiry(token: str) -> float | None:
     """The `exp` claim read without checking the signature: used only to bound cache lifetimes."""
     try:

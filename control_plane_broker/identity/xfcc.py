@@ -9,8 +9,8 @@ What always holds:
 
 - The header follows Envoy's XFCC grammar: elements separated by `,`, each a `;`-separated list
   of `key=value` pairs; keys are case-insensitive; a value is either bare (no `,;="\\`) or
-  double-quoted, where a backslash makes the next character part of the value. Several header
-  lines are several elements, in order. Anything else (an unterminated quote, text after a
+  double-quoted, where a backslash makes the next character part of the value. Of several header
+  lines, the HTTP layer passes the last one on. Anything else (an unterminated quote, text after a
   closing quote, an empty element, a pair without `=`) is refused, never guessed at.
 - Only the *last* element counts: Envoy appends the element of the proxy that verified the
   client certificate at the end (`APPEND_FORWARD`) or replaces the header with that one element
@@ -29,7 +29,7 @@ RFC 4514 escapes, so they are undone exactly once, by the DN parser.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
@@ -187,11 +187,6 @@ def parse_xfcc(value: str) -> list[XfccElement]:
     return elements
 
 
-def parse_xfcc_lines(lines: Iterable[str]) -> list[XfccElement]:
-    """Several header lines are one list (RFC 9110 field lines), elements in line order."""
-    return [element for line in lines for element in parse_xfcc(line)]
-
-
 # --- RFC 4514 distinguished names --------------------------------------------------------------
 
 
@@ -320,13 +315,8 @@ def common_name(subject: str) -> str | None:
     return found[0].value
 
 
-def forwarded_cn(value: str) -> str | None:
-    """The CN of the certificate the last proxy verified (see the module docstring)."""
-    return _forwarded(value)[0]
-
-
-def _forwarded(value: str) -> tuple[str | None, str | None]:
-    """(CN, `Hash` value) of the last element."""
+def forwarded(value: str) -> tuple[str | None, str | None]:
+    """(CN, `Hash` value) of the certificate the last proxy verified (see the module docstring)."""
     last = parse_xfcc(value)[-1]
     subject = last.single("subject")
     return (None if subject is None else common_name(subject)), last.single("hash")
@@ -339,7 +329,7 @@ def identity_from_xfcc(headers: Mapping[str, str], *, runtime_id: str, trusted: 
     if not value:
         raise IdentityNotProven("no forwarded client certificate", reason="missing")
     try:
-        cn, certificate_hash = _forwarded(value)
+        cn, certificate_hash = forwarded(value)
     except XfccMalformed as exc:
         raise IdentityNotProven(str(exc), reason=exc.reason) from exc
     if not cn:

@@ -20,7 +20,6 @@ from control_plane_broker.model import (
 
 MAX_NAME = 36
 _NAME = re.compile(r"^[a-z][a-z0-9.-]{0,35}$")
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9_]+$")
 
 # Director label key -> Kyma label it comes from (compass-manager's set).
 LABEL_SOURCES: dict[str, str] = {
@@ -36,10 +35,6 @@ MANAGED_BY = "director_connection_managed_by"
 
 def is_valid_name(name: str) -> bool:
     return bool(_NAME.fullmatch(name))
-
-
-def is_valid_label_key(key: str) -> bool:
-    return bool(_LABEL_KEY.fullmatch(key))
 
 
 def derive_name(*, shoot_name: str | None, runtime_id: str) -> str:

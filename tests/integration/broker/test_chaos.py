@@ -135,7 +135,7 @@ async def test_garbage_in_the_kyma_watch_is_survived_and_readiness_stays_right(
     ):
         kymas = kyma_informer(tampered, namespace=kcp_ns, delay=lambda n: FAST)
         supervisor.start("kyma-watch", kymas.run)
-        assert await kymas.wait_synced(10)
+        await eventually(lambda: kymas.synced, within=10, what="kymas synced")
 
         before = await kcp.create(kymas_path(kcp_ns), kyma(kcp_ns))  # its event, then garbage
         garbage_sent = time.monotonic()
@@ -304,8 +304,8 @@ async def plant(
     async with supervised(metrics) as supervisor:
         supervisor.start("kyma-watch", kymas.run)
         supervisor.start("mapping-watch", mappings.run)
-        assert await kymas.wait_synced(10)
-        assert await mappings.wait_synced(10)
+        await eventually(lambda: kymas.synced, within=10, what="kymas synced")
+        await eventually(lambda: mappings.synced, within=10, what="mappings synced")
         try:
             yield parts, supervisor
         finally:

@@ -33,6 +33,7 @@ from control_plane_broker.reporting import ConnectionReporter
 from control_plane_broker.settings import Settings
 from kubeapi import ClusterAccess, KubeClient, KubeUnavailable, describe_transport_error
 from observability.logs import JsonFormatter
+from tests.integration.waiting import eventually
 
 PROBLEM = "urn:kyma-compass-pull:broker:problem:"
 SECRET_TEXT = "eyJhbGciOiJSUzI1NiJ9.caller-input"
@@ -233,7 +234,7 @@ async def test_kyma_view_is_synced_only_after_a_complete_list() -> None:
     assert not view.synced
     task = asyncio.create_task(view.run())
     try:
-        assert await view.wait_synced(5)
+        await eventually(lambda: view.synced, within=5, interval=0.01, what="the view synced")
         assert len(lists) >= 2  # the failed list did not count as synced
         assert lists[0] == "/apis/operator.kyma-project.io/v1beta2/namespaces/kcp-system/kymas"
         assert view.get("rt-1") == KymaView(

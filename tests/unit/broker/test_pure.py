@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -192,13 +193,10 @@ def test_service_account_allow_list(username: str, error: type[Exception] | None
             claims.check_service_account(username, ALLOWED)
 
 
-def test_audience_and_expiry() -> None:
+def test_audience() -> None:
     claims.check_audience(["x", "compass-broker"], "compass-broker")
     with pytest.raises(errors.IdentityNotProven):
         claims.check_audience(["https://kubernetes.default.svc"], "compass-broker")
-    claims.check_not_expired(100.0, now=99.0)
-    with pytest.raises(errors.IdentityNotProven):
-        claims.check_not_expired(100.0, now=100.0)
 
 
 @pytest.mark.parametrize(
@@ -295,7 +293,7 @@ def test_director_labels_keep_compass_manager_set_and_add_ours() -> None:
         "broker_plan_id": "pid",
         "broker_plan_name": "azure",
     }
-    assert all(naming.is_valid_label_key(k) for k in labels)
+    assert all(re.fullmatch(r"[A-Za-z0-9_]+", k) for k in labels)  # Director's label keys
     assert naming.label_changes(labels, {**labels, "broker_plan_name": "aws"}) == {
         "broker_plan_name": "azure"
     }
