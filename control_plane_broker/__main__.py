@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(main_task: Coroutine[Any, Any, None]) -> None:
-    """Runs the broker on uvloop where it is installed (it is, with uvicorn[standard])."""
+    """Runs the broker on uvloop where it is installed (declared for every OS but Windows)."""
     try:
         import uvloop  # noqa: PLC0415
     except ImportError:
