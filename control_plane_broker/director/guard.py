@@ -4,9 +4,10 @@ Holds: while the breaker is open no call leaves the process, also none that was 
 for a slot when it opened, and a caller learns that before it costs anything (`refuse_if_open`);
 at most `max_concurrency` calls are in flight; a request is admitted only when its turn comes
 within the queue timeout by the calendar's estimate (`book`), otherwise it is told when to come
-back; the queue in front of a new request is counted as the calls booked by admitted requests
-that have not finished (in flight, waiting, or still to ask: the look-ups before a registration,
-its token) plus the calls outside any request that wait; each request's slot time, grant to
+back; the queue in front of a new request is counted as what admitted requests booked and their
+calls have not held yet, from the moment a request's first call asks for a slot (its look-ups,
+its registration, its token; before that it is in the broker's own work and in the calendar's
+bookings), plus the calls outside any request that wait; each request's slot time, grant to
 answer over all its calls, per call it booked, is what the calendar measures (`admission`); the
 second call of a request that already holds Director's attention (the token after a
 registration) is served before first calls, so admitted requests finish in the time promised;
@@ -137,12 +138,16 @@ class DirectorGuard:
         # follow-ups they promised: not in the slot queue yet, but served before every first
         # call queued now (measured, a queue counted without them made admitted registrations
         # wait twice the time the calendar promised, and time out, after an outage). An
-        # admitted request's calls are in `Admissions.outstanding` from its admission on.
+        # admitted request's calls are in `Admissions.ahead` from its first call on.
         self._unbooked_waiting = 0
         self._owed_follow_ups = 0
 
-    def _queued_calls(self) -> int:
-        return self._admissions.outstanding + self._unbooked_waiting + self._owed_follow_ups
+    def _queued_calls(self) -> float:
+        return (
+            self._admissions.ahead(self.calendar.latency)
+            + self._unbooked_waiting
+            + self._owed_follow_ups
+        )
 
     @property
     def state(self) -> cb.State:
@@ -247,6 +252,8 @@ class DirectorGuard:
         if request is not None and request.finished:
             request = None  # a task its request started, outliving it: on its own now
         owed = then if request is None else 0  # an admitted request's calls are booked
+        if request is not None:
+            self._admissions.asking(request)  # in the queue in front of Director from now on
         self._owed_follow_ups += owed
         try:
             granted = await self._slot(follow_up=follow_up, booked=request is not None)

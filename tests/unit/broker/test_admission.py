@@ -387,6 +387,32 @@ def test_a_request_with_a_failed_call_teaches_nothing_but_is_no_longer_outstandi
     assert admissions.outstanding == 0
 
 
+def test_a_request_is_ahead_from_its_first_call_with_what_its_calls_have_not_held_yet() -> None:
+    admissions = Admissions()
+    request = admissions.admit(2)
+    assert admissions.ahead(0.1) == 0  # admitted, still in the broker's own work
+    admissions.asking(request)  # its first call asks for a slot
+    assert admissions.ahead(0.1) == 2
+    admissions.asking(request)  # its second: the request is in the queue once
+    assert admissions.ahead(0.1) == 2
+    admissions.spent(request, 0.1, ok=True)  # registered
+    assert admissions.ahead(0.1) == pytest.approx(1)
+    other = admissions.admit(2)
+    admissions.asking(other)
+    admissions.spent(request, 0.2, ok=True)  # its token took twice the price ...
+    # ... which is counted against the others' calls: the price is an average.
+    assert admissions.ahead(0.1) == pytest.approx(1)
+    assert admissions.ahead(0.3) == pytest.approx(3)  # by a dearer price, more is left
+    assert admissions.finish(request) == pytest.approx(0.15)
+    assert admissions.ahead(0.1) == pytest.approx(2)  # the other's two calls, none held yet
+    admissions.finish(other)
+    assert (admissions.ahead(0.1), admissions.started, admissions.spent_seconds) == (0, 0, 0)
+    never = admissions.admit(1)  # finished before any call asked: never in the queue
+    assert admissions.finish(never) is None
+    admissions.asking(never)
+    assert admissions.ahead(0.1) == 0
+
+
 async def test_the_calendar_learns_a_requests_slot_time_per_booked_call_when_it_ends() -> None:
     clock = Clock()
     g = guard(clock)
@@ -408,31 +434,53 @@ async def test_the_calendar_learns_a_requests_slot_time_per_booked_call_when_it_
     assert g.calendar.latency == pytest.approx(0.1 + 0.2 * (1.2 / 2 - 0.1))
 
 
-async def test_admitted_requests_count_in_the_queue_with_the_calls_they_booked_until_they_end() -> (
-    None
-):
+async def test_admitted_requests_count_in_the_queue_from_first_call_to_last_answer() -> None:
     clock = Clock()
     g = guard(clock, max_concurrency=1, queue_timeout=1.0)  # 0.1 s a booked call, one at a time
-    go = asyncio.Event()
+    holding, release = asyncio.Event(), asyncio.Event()
+    go, written = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        holding.set()
+        await release.wait()
+        clock.now += 0.1
+
+    async def call() -> None:
+        clock.now += 0.1  # what the calendar prices: its estimate stays put
 
     async def request(key: str) -> None:
         g.book(key, calls=2)
-        await go.wait()  # admitted, not one call made yet: its look-ups still to come
+        await go.wait()  # admitted, still in the broker's own work (its mapping written to KCP)
+        await g.call(call, then=1)  # registers ...
+        await g.call(call, follow_up=True)  # ... and asks for the token
+        await written.wait()  # its status written to KCP, its answer not sent yet
 
-    tasks = [asyncio.create_task(request(f"rt-{i}")) for i in range(5)]
-    await until(lambda: g._admissions.outstanding == 10)
-    # Nothing waits for a slot, but the five admitted requests will take 1.0 s of it: one more
-    # is beyond the queue timeout.
-    assert g.snapshot().waiting == 0
-    with pytest.raises(TurnBooked):
-        g.book("behind", calls=1)
+    tasks = [asyncio.create_task(request(f"rt-{i}")) for i in range(3)]
+    await until(lambda: g._admissions.outstanding == 6)
+    clock.now += 1.0  # their bookings are behind: only the queue can count them now
+    holder = asyncio.create_task(g.call(hold))  # a call of the reconciler's holds the slot
+    await holding.wait()
+    # Admitted, none of their calls asked for a slot yet: not in the queue in front of Director.
+    assert g._queued_calls() == 0
     go.set()
+    await until(lambda: g.snapshot().waiting == 3)
+    # Their registrations wait for the slot: the six calls they booked are in front (0.6 s).
+    assert g._queued_calls() == pytest.approx(6)
+    # A request of 5 calls is admitted behind them (its turn 0.6 s away), the next is not.
+    assert g.calendar.book("new-0", calls=5, now=clock.now, queued_calls=6) == Admitted()
+    assert isinstance(g.calendar.book("new-1", calls=1, now=clock.now, queued_calls=6), Deferred)
+    release.set()
+    await holder
+    await until(lambda: g._slots.taken == 0 and g.snapshot().waiting == 0)
+    # Every booked call answered (0.6 s held), the requests still busy with KCP: nothing of
+    # theirs is left in front of Director, though they have not finished.
+    assert g._admissions.outstanding == 6
+    assert g._queued_calls() == pytest.approx(0.0, abs=1e-9)
+    written.set()
     await asyncio.gather(*tasks)
     await asyncio.sleep(0)
-    assert g._admissions.outstanding == 0
-    clock.now += 10.0
-    g.book("later", calls=1)  # nothing in front any more
-    assert g._admissions.outstanding == 1  # this test's own task now serves that request
+    assert (g._admissions.outstanding, g._admissions.started) == (0, 0)
+    assert g.calendar.latency == pytest.approx(0.1)
 
 
 async def test_a_task_that_books_again_has_finished_its_last_request() -> None:
