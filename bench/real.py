@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import csv
 import json
+import math
 import os
 import shlex
 import shutil
@@ -41,7 +42,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -304,6 +305,95 @@ class RealColdResult:
 
 
 @dataclass
+class AbRun:
+    """One earlier `--scenarios real` run, read back from its benchmarks-real.json, in an
+    interleaved comparison of variants (one bench at a time, in the order given)."""
+
+    variant: str
+    commit: str
+    started: str
+    load_before: float
+    load_after: float | None
+    others_cpu_seconds: float | None
+    pairs_per_second: float
+    seconds: float | None
+    bound: float
+    deferred: int  # 503 capacity-booked answers
+    agent_timeouts: int
+    tokens_issued: int
+    duplicates: int
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.seconds is None else self.seconds / self.bound
+
+
+def ab_run(variant: str, data: Mapping[str, Any]) -> AbRun:
+    """The comparison's figures of one run's JSON (`to_json`)."""
+    cold = data["cold"]
+    return AbRun(
+        variant=variant,
+        commit=str(data["commit"]),
+        started=str(data["started"]),
+        load_before=float(data["load_before"][0]),
+        load_after=cold.get("load_after"),
+        others_cpu_seconds=cold.get("others_cpu_seconds"),
+        pairs_per_second=float(cold["pairs_per_second"]),
+        seconds=cold["seconds"],
+        bound=float(cold["bound"]),
+        deferred=int(cold["attempts"].get("503 capacity-booked", 0)),
+        agent_timeouts=int(cold["agent_timeouts"]),
+        tokens_issued=int(cold["tokens_issued"]),
+        duplicates=int(cold["duplicates"]),
+    )
+
+
+def ab_medians(runs: Sequence[AbRun]) -> dict[str, dict[str, float | int | None]]:
+    """Per variant, in order of first appearance: runs, median time and ratio, the worst
+    ratio, deferrals and agent timeouts in all (a run that never finished counts as worst)."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for variant in dict.fromkeys(r.variant for r in runs):
+        mine = [r for r in runs if r.variant == variant]
+        ratios = [r.ratio for r in mine]
+        finished = [x for x in ratios if x is not None]
+        complete = len(finished) == len(ratios)
+        out[variant] = {
+            "runs": len(mine),
+            "median_seconds": _median([r.seconds for r in mine]),
+            "median_ratio": _median(ratios),
+            "worst_ratio": max(finished) if finished and complete else None,
+            "deferred": sum(r.deferred for r in mine),
+            "agent_timeouts": sum(r.agent_timeouts for r in mine),
+            "met": sum(1 for x in finished if x <= RATIO_TARGET),
+        }
+    return out
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    """The median, a missing value (a run that never finished) counting as the largest."""
+    if not values:
+        return None
+    ordered = sorted(values, key=lambda v: math.inf if v is None else v)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    low, high = ordered[middle - 1], ordered[middle]
+    return None if low is None or high is None else (low + high) / 2
+
+
+def kept_lost(previous: Mapping[str, Any] | None) -> tuple[list[LostResult], str]:
+    """The lost-answer figures already in docs/benchmarks.json (key `real_director`) and the
+    commit they were measured at, for a run that does not measure them again."""
+    if not previous or not previous.get("lost"):
+        return [], ""
+    names = {f.name for f in fields(LostResult)}
+    lost = [LostResult(**{k: v for k, v in r.items() if k in names}) for r in previous["lost"]]
+    if previous.get("lost_measured_at"):  # itself carried over from an earlier run
+        return lost, str(previous["lost_measured_at"])
+    return lost, f"{previous.get('commit', '?')}, {previous.get('started', '?')}"
+
+
+@dataclass
 class RealReport:
     command: str
     commit: str
@@ -316,6 +406,10 @@ class RealReport:
     notes: list[str] = field(default_factory=list)
     # who ran where: "Director, PostgreSQL, gateway" and "bench, KCP API server, broker, fleet"
     cpus: dict[str, str] = field(default_factory=dict)
+    # `lost` not re-run: the figures already in the docs, and the commit they were measured at
+    lost_from: str = ""
+    ab: list[AbRun] = field(default_factory=list)  # earlier runs compared (`--ab`)
+    finding: str = ""  # what the figures say (`--finding`), written by whoever ran them
 
 
 def to_json(report: RealReport) -> dict[str, Any]:
@@ -354,7 +448,21 @@ def to_json(report: RealReport) -> dict[str, Any]:
             "ratio_met": cold.ratio is not None and cold.ratio <= RATIO_TARGET,
         },
         "notes": report.notes,
+        **({"lost_measured_at": report.lost_from} if report.lost_from else {}),
+        **(
+            {
+                "ab": [{**asdict(r), "ratio": _round(r.ratio, 3)} for r in report.ab],
+                "ab_medians": ab_medians(report.ab),
+            }
+            if report.ab
+            else {}
+        ),
+        **({"finding": report.finding} if report.finding else {}),
     }
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _f(value: float | None, digits: int = 2) -> str:
@@ -390,6 +498,14 @@ def render(report: RealReport) -> str:
             f"### Lost answers: {int(LOST_RATIO * 100)} % of `registerRuntime` answers lost "
             "after Director acted",
             "",
+            *(
+                [
+                    f"Not re-run here: measured at commit {report.lost_from}, kept as they were.",
+                    "",
+                ]
+                if report.lost_from
+                else []
+            ),
             f"Targets: 0 duplicates, ≤ {CALLS_TARGET:g} Director calls per runtime (every "
             "operation, counted after the reconciler's sweeps).",
             "",
@@ -499,11 +615,49 @@ def render(report: RealReport) -> str:
             ]
     if report.notes:
         lines += [*(f"- {n}" for n in report.notes), ""]
+    if report.ab:
+        lines += render_ab(report.ab)
+    if report.finding:
+        lines += [report.finding.strip(), ""]
     lines += [
         "Reproduce: `python -m bench.real --docs` (both scenarios; `--scenarios lost` or "
         "`--scenarios real` for one; needs the real Director's source, docs/real-compass.md).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def render_ab(runs: Sequence[AbRun]) -> list[str]:
+    lines = [
+        "### Interleaved runs compared (`--ab`)",
+        "",
+        "Each row one `--scenarios real` run (its own capacity measurement and bound), in the "
+        "order they ran, one bench at a time; load is the 1-minute average before and after, "
+        "others' CPU-s what processes the bench did not start used during the cold start.",
+        "",
+        "| # | variant | commit | started | load | others' CPU-s | pairs / s | time to all "
+        "| ratio | 503 capacity-booked | agent timeouts | tokens | duplicates |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(runs, 1):
+        lines.append(
+            f"| {i} | {r.variant} | `{r.commit}` | {r.started} | {r.load_before:.2f} → "
+            f"{_f(r.load_after)} | {_f(r.others_cpu_seconds, 1)} | {r.pairs_per_second:.1f} | "
+            f"{_f(r.seconds, 1)} s | {_f(r.ratio)}x | {r.deferred} | {r.agent_timeouts} | "
+            f"{r.tokens_issued} | {r.duplicates} |"
+        )
+    lines += [
+        "",
+        f"| variant | runs | median time | median ratio | worst ratio | runs ≤ {RATIO_TARGET}x "
+        "| deferrals | agent timeouts |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for variant, m in ab_medians(runs).items():
+        lines.append(
+            f"| {variant} | {m['runs']} | {_f(m['median_seconds'], 1)} s | "
+            f"{_f(m['median_ratio'])}x | {_f(m['worst_ratio'])}x | {m['met']} | "
+            f"{m['deferred']} | {m['agent_timeouts']} |"
+        )
+    return [*lines, ""]
 
 
 # --- the real Director -----------------------------------------------------------------------
@@ -913,6 +1067,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--keep-workdir", action="store_true", help="keep logs and admission-*.csv")
     add(
+        "--ab",
+        action="append",
+        default=[],
+        metavar="VARIANT=DIR",
+        help="an earlier --scenarios real run (its --out-dir) to show in a comparison of "
+        "variants, repeatable, in the order they ran",
+    )
+    add("--finding", type=Path, default=None, help="a file whose text ends the section")
+    add(
         "--cpus",
         default="auto",
         metavar="auto|none|DIRECTOR/OTHERS",
@@ -945,6 +1108,16 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
         started=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         load_before=os.getloadavg(),
     )
+    report.ab = [
+        ab_run(variant, json.loads((Path(folder) / "benchmarks-real.json").read_text()))
+        for variant, _, folder in (item.partition("=") for item in args.ab)
+    ]
+    if args.finding is not None:
+        report.finding = args.finding.read_text()
+    if "lost" not in chosen:
+        with contextlib.suppress(OSError, ValueError):
+            docs_json = json.loads((REPO_ROOT / "docs" / "benchmarks.json").read_text())
+            report.lost, report.lost_from = kept_lost(docs_json.get(JSON_KEY))
     placement: tuple[frozenset[int], frozenset[int]] | None = args.placement
     if placement is not None:
         report.cpus = {

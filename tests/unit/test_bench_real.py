@@ -246,3 +246,65 @@ def test_the_cold_start_is_also_held_to_the_calls_the_broker_made() -> None:
     assert real.to_json(report)["cold"]["same_calls_ratio"] == 0.625
     report.cold.same_calls_bound = None
     assert "calls the broker made" not in real.render(report)
+
+
+def test_lost_figures_not_measured_again_are_kept_with_the_commit_they_were_measured_at(
+    tmp_path: Path,
+) -> None:
+    first = a_report()
+    data = real.to_json(first)
+    lost, measured = real.kept_lost(data)
+    assert lost == first.lost
+    assert measured == "abc1234, 2026-12-06 05:00 UTC"
+    again = a_report()
+    again.lost, again.lost_from = lost, measured
+    kept = real.to_json(again)
+    assert kept["lost"] == data["lost"]
+    assert real.kept_lost(kept) == (lost, measured)  # carried on as often as it is not re-run
+    assert "Not re-run here: measured at commit abc1234, 2026-12-06 05:00 UTC" in real.render(again)
+    assert real.kept_lost(None) == ([], "")
+    assert real.kept_lost({"commit": "x", "lost": []}) == ([], "")
+
+
+def ab_data(seconds: float | None, *, deferred: int = 0, timeouts: int = 0) -> dict[str, object]:
+    report = a_report()
+    assert report.cold is not None
+    report.cold.seconds = seconds
+    report.cold.attempts = {"201": 1000, "503 capacity-booked": deferred} if deferred else {}
+    report.cold.agent_timeouts = timeouts
+    return json.loads(json.dumps(real.to_json(report)))
+
+
+def test_interleaved_runs_are_compared_by_median_and_worst_ratio() -> None:
+    runs = [
+        real.ab_run("old", ab_data(30.0, timeouts=12)),
+        real.ab_run("new", ab_data(24.0, deferred=600)),
+        real.ab_run("old", ab_data(22.0)),
+        real.ab_run("new", ab_data(None, deferred=5)),  # never finished: counts as the worst
+        real.ab_run("old", ab_data(25.0)),
+    ]
+    assert runs[0].ratio == 1.5  # bound 20 s
+    medians = real.ab_medians(runs)
+    assert list(medians) == ["old", "new"]
+    assert medians["old"] == {
+        "runs": 3,
+        "median_seconds": 25.0,
+        "median_ratio": 1.25,
+        "worst_ratio": 1.5,
+        "deferred": 0,
+        "agent_timeouts": 12,
+        "met": 2,
+    }
+    assert medians["new"]["median_seconds"] is None
+    assert medians["new"]["worst_ratio"] is None
+    assert medians["new"]["deferred"] == 605
+    report = a_report()
+    report.ab, report.finding = runs, "**Finding.** old wins."
+    text = real.render(report)
+    assert "| 2 | new | `abc1234` | 2026-12-06 05:00 UTC | 1.00 → — | — | 50.0 | 24.0 s |" in text
+    assert "| old | 3 | 25.0 s | 1.25x | 1.50x | 2 | 0 | 12 |" in text
+    assert text.index("### Interleaved runs") < text.index("**Finding.** old wins.")
+    saved = real.to_json(report)
+    assert saved["finding"] == "**Finding.** old wins."
+    assert saved["ab"][0]["variant"] == "old"
+    assert saved["ab_medians"]["old"]["median_ratio"] == 1.25
