@@ -273,6 +273,19 @@ def create_app(
         summary="Issues Compass one-time tokens to Kyma runtimes that prove their identity.",
         version="1",
     )
+    add_problem_handlers(app, metrics=metrics, jitter_max=jitter_max, rand=rand)
+    if access_log:
+        app.add_middleware(AccessLog)
+    add_token_route(app, issuer=issuer, metrics=metrics)
+    add_connection_route(app, reporter=reporter, metrics=metrics)
+    add_operations_routes(app, health=health, metrics=metrics)
+    return app
+
+
+def add_problem_handlers(
+    app: FastAPI, *, metrics: Metrics, jitter_max: float, rand: Jitter
+) -> None:
+    """Every error leaves as a problem: the broker's own, validation, routing, and bugs."""
 
     def problem(exc: BrokerError, request: Request) -> JSONResponse:
         return problem_response(exc, request.url.path, jitter_max=jitter_max, rand=rand)
@@ -306,9 +319,8 @@ def create_app(
         log.error("unexpected error", extra={"path": request.url.path, "error": type(exc).__name__})
         return problem(InternalError("unexpected error in the broker", retry_after=5), request)
 
-    if access_log:
-        app.add_middleware(AccessLog)
 
+def add_token_route(app: FastAPI, *, issuer: TokenIssuer, metrics: Metrics) -> None:
     @app.post(
         "/v1/runtimes/{runtimeID}/token",
         status_code=201,
@@ -349,6 +361,8 @@ def create_app(
             expiresAt=issued.expires_at,
         )
 
+
+def add_connection_route(app: FastAPI, *, reporter: ConnectionReporter, metrics: Metrics) -> None:
     @app.post(
         "/v1/runtimes/{runtimeID}/connection",
         status_code=202,
@@ -387,6 +401,10 @@ def create_app(
         metrics.connection_reports.labels("recorded" if written else "unchanged").inc()
         return ReportAccepted(nextReportAfterSeconds=reporter.next_report_after)
 
+
+def add_operations_routes(app: FastAPI, *, health: Health, metrics: Metrics) -> None:
+    """Liveness, readiness and the Prometheus scrape."""
+
     @app.get("/healthz", summary="Liveness: the event loop has not been wedged")
     async def healthz() -> JSONResponse:
         ok = health.live()
@@ -408,5 +426,3 @@ def create_app(
     )
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app
