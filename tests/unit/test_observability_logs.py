@@ -140,3 +140,12 @@ def test_a_line_logged_while_a_request_id_is_bound_carries_it() -> None:
     finally:
         logs.unbind_request_id(token)
     assert "request_id" not in line_for(record)
+
+
+def test_redact_masks_jwts_and_bearer_values() -> None:
+    text = (
+        'token eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl and "Authorization: Bearer s3cr3t"'
+    )
+    out = redact(text)
+    assert "eyJhbGciOiJSUzI1NiJ9" not in out
+    assert "s3cr3t" not in out
