@@ -57,7 +57,7 @@ held what it booked, it is writing its status and answering, and counts nothing.
 the real Director (N = 1,000, 2 calls per runtime, 2 cores shared with other engineers' work,
 23 interleaved runs, docs/benchmarks.md section 11): counted as booked calls until the request
 ended (b0b3ac5), the calendar once saw 420 calls in front while 6 held slots and none waited
-(the rest were requests in KCP writes); up to 1,643 agents were deferred, Director's 10 slots
+(the rest were requests in KCP writes); up to 1,378 agents were deferred, Director's 10 slots
 held 5.7-8.5 calls on average and the fleet took a median 1.67x the capacity bound (8 runs);
 counted so, no agent was deferred, 7.6-8.8 slots were busy, median 1.37x (5 runs; the
 admission before b0b3ac5, which counted only the calls waiting for a slot: 1.79x, 8 runs). What
