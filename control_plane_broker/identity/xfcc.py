@@ -188,6 +188,15 @@ def parse_xfcc(value: str) -> list[XfccElement]:
 
 
 # --- RFC 4514 distinguished names --------------------------------------------------------------
+#
+# Our own parser, not `cryptography.x509.Name.from_rfc4514_string` (cryptography 51), which the
+# property tests in tests/unit/broker/test_xfcc.py were run against and which fails cases this one
+# reads correctly (test_the_library_parser_misreads_subjects_this_one_reads):
+# - it refuses any attribute type it has no name for: `serialNumber=42,CN=rt-1` and
+#   `emailAddress=...,CN=rt-1` (short names OpenSSL and BoringSSL, which Envoy uses, print)
+#   and RFC 4519's own `commonName=rt-1` raise ValueError: a valid certificate refused;
+# - it takes a `#` hex string for the value's bytes, not its BER encoding: `CN=#040472742d31`
+#   gives the CN "\x04\x04rt-1" where this parser refuses a CN that is not text.
 
 
 def _attribute_type(s: _Scanner) -> str:

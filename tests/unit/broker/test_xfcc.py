@@ -4,6 +4,7 @@ headers written by a test-side encoder (escapes, hex pairs, multi-valued RDNs, s
 from __future__ import annotations
 
 import pytest
+from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -172,6 +173,33 @@ def test_elements_pairs_and_quotes() -> None:
     # Quoted values keep their escapes: the DN parser undoes them, once.
     assert second.single("subject") == 'CN=\\"q\\"'
     assert xfcc.common_name('CN=\\"q\\"') == '"q"'
+
+
+@pytest.mark.parametrize(
+    ("subject", "ours"),
+    [
+        ("serialNumber=42,CN=rt-1", "rt-1"),
+        ("emailAddress=ops@example.com,CN=rt-1", "rt-1"),
+        ("commonName=rt-1", "rt-1"),
+        ("CN=#040472742d31", XfccMalformed),  # BER: refused; the library reads "\x04\x04rt-1"
+    ],
+)
+def test_the_library_parser_misreads_subjects_this_one_reads(
+    subject: str, ours: str | type[Exception]
+) -> None:
+    """Why xfcc keeps its own RFC 4514 parser (see the comment above `parse_dn`): the library's
+    answer for each of these Subjects is wrong. When this test fails, the library may do."""
+    try:
+        library = [a.value for a in x509.Name.from_rfc4514_string(subject)]
+    except ValueError:
+        library = None
+    if isinstance(ours, str):
+        assert library is None
+        assert xfcc.common_name(subject) == ours
+    else:
+        assert library == ["\x04\x04rt-1"]
+        with pytest.raises(ours):
+            xfcc.common_name(subject)
 
 
 # --- properties --------------------------------------------------------------------------------
