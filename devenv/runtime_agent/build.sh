@@ -27,6 +27,12 @@ pinned_commit=859cac3cab9471c63c30b912fffc28d89b50c943
 say() { echo "runtime-agent: $*" >&2; }
 die() { say "$*"; exit 1; }
 
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/kyma-compass-pull"
+bindir="$cache/runtime-agent/$pinned_commit"
+binary="$bindir/compass-runtime-agent"
+# Built before (the cache key is the pinned commit): no source needed, as for the Director.
+if [[ -x "$binary" ]]; then echo "$bindir"; exit 0; fi
+
 src="${RUNTIME_AGENT_SRC:-}"
 if [[ -z "$src" ]]; then
   for candidate in "$root/../shared/compass-src/$tarball_name" "$root/../../shared/compass-src/$tarball_name"; do
@@ -37,11 +43,6 @@ if [[ -z "$src" || ! -f "$src" ]]; then
   say "the compass-runtime-agent source is not here (set RUNTIME_AGENT_SRC to $tarball_name, a git archive of kyma-project/application-connector-manager at $pinned_commit)"
   exit 3
 fi
-
-cache="${XDG_CACHE_HOME:-$HOME/.cache}/kyma-compass-pull"
-bindir="$cache/runtime-agent/$pinned_commit"
-binary="$bindir/compass-runtime-agent"
-if [[ -x "$binary" ]]; then echo "$bindir"; exit 0; fi
 
 command -v go >/dev/null || die "the Go toolchain (>= 1.26) is needed to build compass-runtime-agent"
 command -v git >/dev/null || die "git is needed to read the source tarball's commit"
