@@ -33,10 +33,11 @@ real-compass:
 	@bash $(REAL_COMPASS) >/dev/null || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; }
 
 lint: $(INSTALLED)
-	@echo "==> ruff check, ruff format --check, mypy"
+	@echo "==> ruff check, ruff format --check, mypy, lint-imports"
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 test: $(INSTALLED) toolchain runtime-agent real-compass lint
 	@echo "==> pytest"
