@@ -226,9 +226,6 @@ class DirectorGuard:
     def _advise(self, wait: float) -> float:
         return advise(wait, max_wait=self._queue_timeout)
 
-    def release_booking(self, key: str) -> None:
-        self.calendar.cancel(key)
-
     async def call(
         self,
         fn: Callable[[], Awaitable[T]],
