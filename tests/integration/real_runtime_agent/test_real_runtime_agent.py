@@ -4,6 +4,8 @@ the end, and our agent's reports of each state."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import time
 from pathlib import Path
 
@@ -95,6 +97,17 @@ async def test_the_real_runtime_agent_connects_once_per_token_and_synchronizes(
             lambda: landscape.state() == "Synchronized", within=SYNCED_WITHIN, what="still synced"
         )
         assert landscape.tokens_issued() == issued + 1
+
+        # Our agent has reported what it knows since: the new token's digest is in a report
+        # (a report of step 3 arriving after the count below would look like one of step 4).
+        token = (env.secret_data() or {})["TOKEN"]
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        await eventually(
+            lambda: any(b.get("tokenSha256") == digest for b in landscape.broker.report_bodies),
+            within=30,
+            what="the new token reported",
+        )
+        await asyncio.sleep(1)  # a report already on its way lands before the count
 
         # 4. module disabled: the secret goes, the real agent's next sync fails for want of it,
         # our agent reports nothing more (disabled) and asks for no token.
