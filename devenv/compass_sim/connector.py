@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from cryptography import x509
 from graphql import GraphQLResolveInfo, GraphQLSchema
 
 from .ca import CertificateAuthority, CsrRejectedError, load_csr, subject_problem
@@ -35,6 +36,21 @@ from .store import ConnectorTokenRecord, Store, TokenKind, TokenRefusedError
 __all__ = ["Connector", "ConnectorContext"]
 
 KEY_ALGORITHM = "rsa2048"
+
+
+def parse_csr(csr: str) -> x509.CertificateSigningRequest:
+    """The CSR of `signCertificateSigningRequest(csr:)` (base64 of PEM), or the Connector's
+    error answer for it: the one place the simulator's Connectors read it."""
+    try:
+        pem = base64.b64decode(csr, validate=True)
+    except (binascii.Error, ValueError):
+        raise ConnectorError(
+            "BadRequest", "Error while parsing base64 content. Incorrect value provided."
+        ) from None
+    try:
+        return load_csr(pem)
+    except CsrRejectedError as exc:
+        raise ConnectorError(exc.kind, str(exc)) from None
 
 
 @dataclass
@@ -136,16 +152,7 @@ class Connector:
 
     def _sign(self, token: str | None, csr: str) -> dict[str, str]:
         used = self._consume(token, {TokenKind.CSR})
-        try:
-            pem = base64.b64decode(csr, validate=True)
-        except (binascii.Error, ValueError):
-            raise ConnectorError(
-                "BadRequest", "Error while parsing base64 content. Incorrect value provided."
-            ) from None
-        try:
-            request = load_csr(pem)
-        except CsrRejectedError as exc:
-            raise ConnectorError(exc.kind, str(exc)) from None
+        request = parse_csr(csr)
         problem = subject_problem(request, self._config.csr_subject, used.runtime_id)
         if problem is not None:
             raise ConnectorError("WrongInput", problem)

@@ -25,7 +25,6 @@ Calls are counted per operation (`calls()`), for tests.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
 import ssl
@@ -46,8 +45,8 @@ from graphql import GraphQLResolveInfo, GraphQLSchema
 
 from devenv import pki
 
-from .ca import CsrRejectedError, load_csr, subject_problem
-from .connector import KEY_ALGORITHM, ConnectorUrls
+from .ca import subject_problem
+from .connector import KEY_ALGORITHM, ConnectorUrls, parse_csr
 from .director import new_connector_token
 from .errors import ConnectorError, DirectorError, ErrorCode
 from .graphql_http import GraphQLEndpoint, load_schema
@@ -221,16 +220,7 @@ class CertificateSecuredCompass:
         }
 
     def _sign(self, caller: _Caller, csr: str) -> dict[str, str]:
-        try:
-            pem = base64.b64decode(csr, validate=True)
-        except (binascii.Error, ValueError):
-            raise ConnectorError(
-                "BadRequest", "Error while parsing base64 content. Incorrect value provided."
-            ) from None
-        try:
-            request = load_csr(pem)
-        except CsrRejectedError as exc:
-            raise ConnectorError(exc.kind, str(exc)) from None
+        request = parse_csr(csr)
         problem = subject_problem(request, self._sim.config.csr_subject, caller.runtime_id)
         if problem is not None:
             raise ConnectorError("WrongInput", problem)

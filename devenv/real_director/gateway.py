@@ -90,9 +90,9 @@ from graphql import (
 )
 
 from devenv import pki
-from devenv.compass_sim.ca import CertificateAuthority, CsrRejectedError, load_csr, subject_problem
+from devenv.compass_sim.ca import CertificateAuthority, subject_problem
 from devenv.compass_sim.config import CsrSubject
-from devenv.compass_sim.connector import KEY_ALGORITHM, ConnectorUrls
+from devenv.compass_sim.connector import KEY_ALGORITHM, ConnectorUrls, parse_csr
 from devenv.compass_sim.errors import ConnectorError
 from devenv.compass_sim.graphql_http import GraphQLEndpoint, load_schema
 
@@ -363,16 +363,7 @@ class GatewayConnector:
         }
 
     def _sign(self, spent: SpentToken, csr: str) -> dict[str, str]:
-        try:
-            pem = base64.b64decode(csr, validate=True)
-        except (binascii.Error, ValueError):
-            raise ConnectorError(
-                "BadRequest", "Error while parsing base64 content. Incorrect value provided."
-            ) from None
-        try:
-            request = load_csr(pem)
-        except CsrRejectedError as exc:
-            raise ConnectorError(exc.kind, str(exc)) from None
+        request = parse_csr(csr)
         problem = subject_problem(request, CSR_SUBJECT, spent.system_auth_id)
         if problem is not None:
             raise ConnectorError("WrongInput", problem)
