@@ -40,6 +40,7 @@ from control_plane_broker.errors import (
     RateLimited,
 )
 from control_plane_broker.identity.verifier import Verifier
+from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.model import LABEL_SUBACCOUNT, KymaView
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import RateLimiter
@@ -47,7 +48,6 @@ from control_plane_broker.registration import state
 from control_plane_broker.registration.service import Registered, RegistrationService
 from control_plane_broker.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
-from control_plane_broker.status import StatusRecorder
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from control_plane_broker.connections.fleet_gauges import FleetCollector
+
 if TYPE_CHECKING:  # the registration package imports this module: no import back at run time
-    from control_plane_broker.connection import Fleet
+    from control_plane_broker.connections.report_rules import Fleet
     from control_plane_broker.director.admission import GuardSnapshot
 
 
@@ -142,46 +144,6 @@ class Metrics:
     def on_breaker_state(self, state: str) -> None:
         if state == "open":
             self.breaker_opened_at.set_to_current_time()
-
-
-class FleetCollector(Collector):
-    """Gauges over every mapping, computed when scraped (never stale, no bookkeeping)."""
-
-    def __init__(self) -> None:
-        self.compute: Callable[[], Fleet] | None = None
-
-    def describe(self) -> Iterable[GaugeMetricFamily]:
-        return list(self._families(None))
-
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        return list(self._families(self.compute() if self.compute is not None else None))
-
-    def _families(self, view: Fleet | None) -> Iterator[GaugeMetricFamily]:
-        by_state = GaugeMetricFamily(
-            "broker_runtimes_by_connection_state",
-            "Runtimes (mappings) by the connection state last reported; `unknown`: none yet.",
-            labels=["state"],
-        )
-        oldest = GaugeMetricFamily(
-            "broker_connection_report_oldest_age_seconds",
-            "Age of the oldest recorded last report over all runtimes that reported (the record "
-            "is refreshed every BROKER_REPORT_REFRESH_SECONDS while nothing changes).",
-        )
-        attention = GaugeMetricFamily(
-            "broker_runtimes_attention",
-            "Runtimes flagged: reports-stale, not-connected-after-token, revoked.",
-            labels=["reason"],
-        )
-        if view is not None:
-            for state, count in sorted(view.by_state.items()):
-                by_state.add_metric([state], count)
-            oldest.add_metric([], view.oldest_report_age or 0.0)
-            attention.add_metric(["reports-stale"], view.reports_stale)
-            attention.add_metric(["not-connected-after-token"], view.not_connected_after_token)
-            attention.add_metric(["revoked"], view.revoked)
-        yield by_state
-        yield oldest
-        yield attention
 
 
 class DirectorCollector(Collector):

@@ -1,6 +1,6 @@
 """The leader's reconciler: unregisters runtimes whose Kyma is gone, syncs Director labels, and
 judges every runtime's connection health periodically (stale reports, no connection after a
-token: `connection.check`, written only on change).
+token: `report_rules.check`, written only on change).
 
 A mapping is bookkeeping, not the runtime: deleting it while its Kyma exists does not unregister
 the runtime. The leader lets the deletion go and records the runtime again on a new mapping
@@ -26,12 +26,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from control_plane_broker import connection
+from control_plane_broker.connections import report_rules
+from control_plane_broker.connections.report_service import report_limits
 from control_plane_broker.director.client import DirectorApi
 from control_plane_broker.director.errors import DirectorFailed, DirectorPermanent
 from control_plane_broker.errors import BrokerError, KymaIncomplete
 from control_plane_broker.kube.events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
+from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.model import LABEL_SHOOT, KymaView
 from control_plane_broker.policy import module_enabled
@@ -42,10 +44,8 @@ from control_plane_broker.registration.service import (
     RegistrationService,
 )
 from control_plane_broker.registration.state import Mapping
-from control_plane_broker.reporting import report_limits
 from control_plane_broker.retry import backoff
 from control_plane_broker.settings import Settings
-from control_plane_broker.status import StatusRecorder
 from kubeapi import Conflict, Informer, KubeError
 
 log = logging.getLogger(__name__)
@@ -192,11 +192,11 @@ class Reconciler:
                 written += 1
         return written
 
-    async def _judge_connection(self, mapping: Mapping, limits: connection.Limits) -> bool:
-        """`connection.check` on one mapping of the view, written when it changes anything."""
+    async def _judge_connection(self, mapping: Mapping, limits: report_rules.Limits) -> bool:
+        """`report_rules.check` on one mapping of the view, written when it changes anything."""
         if mapping.deleting:
             return False
-        judge = functools.partial(connection.check, now=self._clock(), limits=limits)
+        judge = functools.partial(report_rules.check, now=self._clock(), limits=limits)
         if judge(mapping) is None:
             return False  # the common case: decided on the view, no request
         kyma = self._cache.get(mapping.name)

@@ -37,7 +37,8 @@ from control_plane_broker.api.access import AccessLog
 from control_plane_broker.api.app import Health, create_app
 from control_plane_broker.api.door import Door
 from control_plane_broker.api.server import bind, build_server
-from control_plane_broker.connection import fleet
+from control_plane_broker.connections.report_rules import fleet
+from control_plane_broker.connections.report_service import ConnectionReporter
 from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
@@ -53,17 +54,16 @@ from control_plane_broker.kube.caches import kyma_informer, mapping_informer
 from control_plane_broker.kube.events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.kube.runtime_access import RuntimeAccess
+from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.model import KymaView
 from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
 from control_plane_broker.reconciler import Reconciler
 from control_plane_broker.registration.service import Hook, RegistrationService
 from control_plane_broker.registration.state import Mapping
-from control_plane_broker.reporting import ConnectionReporter
 from control_plane_broker.retry import watch_backoff
 from control_plane_broker.revocation_gate import RevocationGate
 from control_plane_broker.settings import DirectorCredentials, Settings, load_director_credentials
-from control_plane_broker.status import StatusRecorder
 from control_plane_broker.supervisor import LoopWatch, Supervisor
 from kubeapi import ClusterAccess, EventRecorder, Informer, KubeClient, LeaderElector
 

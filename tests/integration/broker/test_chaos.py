@@ -33,6 +33,7 @@ from control_plane_broker.director.oauth import OAuthTokenSource
 from control_plane_broker.kube.caches import kyma_informer, mapping_informer
 from control_plane_broker.kube.events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
+from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.model import KYMA_GROUP, KYMA_VERSION, KymaView
 from control_plane_broker.reconciler import Reconciler
@@ -40,7 +41,6 @@ from control_plane_broker.registration.service import RegistrationService
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.retry import backoff
 from control_plane_broker.settings import Settings, load_director_credentials
-from control_plane_broker.status import StatusRecorder
 from control_plane_broker.supervisor import Supervisor
 from control_plane_broker.wiring import cache_fresh
 from devenv.clusters import TestCluster

@@ -23,13 +23,13 @@ from control_plane_broker.api.app import (
     create_app,
     report_from_body,
 )
+from control_plane_broker.connections.report_service import ConnectionReporter
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.model import KymaView
 from control_plane_broker.registration.state import to_rfc3339
-from control_plane_broker.reporting import ConnectionReporter
 from control_plane_broker.settings import Settings
 from kubeapi import ClusterAccess, KubeClient, KubeUnavailable, describe_transport_error
 from observability.logs import JsonFormatter

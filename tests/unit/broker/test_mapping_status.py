@@ -9,16 +9,16 @@ import pytest
 
 from control_plane_broker import errors
 from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
-from control_plane_broker.model import KymaView
-from control_plane_broker.registration import state
-from control_plane_broker.registration.service import Registered
-from control_plane_broker.status import (
+from control_plane_broker.mapping_status import (
     TOKEN_TIMESTAMP_REFRESH,
     StatusRecorder,
     failed_status,
     failure_text,
     issued_status,
 )
+from control_plane_broker.model import KymaView
+from control_plane_broker.registration import state
+from control_plane_broker.registration.service import Registered
 from kubeapi import Conflict, KubeUnavailable
 
 

@@ -10,8 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from control_plane_broker import connection
-from control_plane_broker.connection import Change, Limits, Report, check, fleet, record_report
+from control_plane_broker.connections import report_rules
+from control_plane_broker.connections.report_rules import (
+    Change,
+    Limits,
+    Report,
+    check,
+    fleet,
+    record_report,
+)
 from control_plane_broker.registration import state
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.text import for_humans
@@ -73,8 +80,8 @@ def cond(m: Mapping, type_: str) -> dict[str, Any] | None:
     ],
 )
 def test_which_states_count_as_connected(state_: str, connected: bool) -> None:
-    assert connection.is_connected(state_) is connected
-    assert state_ in connection.STATES
+    assert report_rules.is_connected(state_) is connected
+    assert state_ in report_rules.STATES
 
 
 def test_a_first_report_records_everything_and_the_connected_condition() -> None:
@@ -302,7 +309,7 @@ def test_the_fleet_counts_every_state_and_the_oldest_report() -> None:
     assert view.by_state["NotFound"] == 1
     assert view.by_state["unknown"] == 3  # no report, twice, and a state nobody reports
     assert view.by_state["Synchronized"] == 0
-    assert set(view.by_state) == {*connection.STATES, "unknown"}
+    assert set(view.by_state) == {*report_rules.STATES, "unknown"}
     assert view.oldest_report_age == 100
     assert (view.reports_stale, view.revoked) == (1, 1)
     assert fleet([], now=T0).oldest_report_age is None
@@ -386,7 +393,7 @@ def test_a_failed_connection_is_told_once_with_its_error_and_not_for_not_found()
     )
     assert change is not None
     assert change.events == (
-        connection.Tell(
+        report_rules.WarningEvent(
             "RuntimeConnectionFailed", "the runtime reports ConnectionFailed: token already used"
         ),
     )

@@ -1,4 +1,6 @@
-"""What the broker writes on the mapping's status, and the Events that go with it.
+"""The mapping's status and the Events that go with it: conditions for registration, token,
+unregistration and label sync, and the conflict-safe write of a computed change (connection
+reports' `report_rules.Change`). General: every feature writes its mapping status through here.
 
 What always holds:
 - the status is written only when it would change (read from the watch-fed mapping view), with
@@ -20,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from control_plane_broker.connection import Change
+from control_plane_broker.connections.report_rules import Change
 from control_plane_broker.errors import BrokerError, TemporaryError
 from control_plane_broker.kube.events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
@@ -192,12 +194,12 @@ class StatusRecorder:
             except Conflict:
                 current = await self._repo.get(mapping.name)
                 continue
-            for tell in change.events:
+            for event in change.events:
                 self._events.emit(
                     kyma_name=mapping.name,
                     kyma_uid=kyma_uid,
-                    reason=tell.reason,
-                    message=tell.message,
+                    reason=event.reason,
+                    message=event.message,
                     warning=True,
                 )
             return True

@@ -3,7 +3,7 @@
 Order, cheapest refusals first and identity before anything about the runtime: the runtime ID
 and the body are validated (by the HTTP layer) → the Kyma cache is synced → prove the identity
 (exactly as for a token) → not revoked → policy on the cached Kyma (as for a token) → per-runtime
-rate limit → the mapping exists → record on its status (`connection.record_report`).
+rate limit → the mapping exists → record on its status (`report_rules.record_report`).
 
 The rate limit comes after the identity, not before: checked earlier it would tell an unproven
 caller which runtimes report (429 versus 401), and let it spend a runtime's budget.
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from control_plane_broker.connection import Limits, Report, record_report
+from control_plane_broker.connections.report_rules import Limits, Report, record_report
 from control_plane_broker.errors import (
     ControlPlaneUnavailable,
     KymaDeleting,
@@ -31,12 +31,12 @@ from control_plane_broker.errors import (
 )
 from control_plane_broker.identity.verifier import Verifier
 from control_plane_broker.issuing import KymaReader
+from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import RateLimiter
 from control_plane_broker.registration.state import Mapping as MappingRecord
 from control_plane_broker.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
-from control_plane_broker.status import StatusRecorder
 from kubeapi import KubeError
 
 log = logging.getLogger(__name__)

@@ -84,8 +84,8 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Tell:
-    """A Warning Event on the Kyma."""
+class WarningEvent:
+    """A Warning Event to emit on the Kyma (aggregated by the recorder)."""
 
     reason: str
     message: str
@@ -94,7 +94,7 @@ class Tell:
 @dataclass(frozen=True)
 class Change:
     status: dict[str, Any]  # the merge patch of the mapping's status
-    events: tuple[Tell, ...] = ()
+    events: tuple[WarningEvent, ...] = ()
 
 
 def _content(record: ConnectionRecord) -> tuple[object, ...]:
@@ -154,14 +154,14 @@ def judge(
     now: float,
     limits: Limits,
     tell_failures: bool = False,
-) -> tuple[list[dict[str, Any]], tuple[Tell, ...]]:
+) -> tuple[list[dict[str, Any]], tuple[WarningEvent, ...]]:
     """The mapping's conditions with `Connected` and `ReportsStale` as `record` and the time say,
     and the Events that are news. `tell_failures`: a report just said the runtime failed to
     connect (the periodic check, which only sees time pass, does not tell it again, nor a
     failure recorded before this broker told such failures)."""
     before = state.conditions_of(mapping)
     after = before
-    tells: list[Tell] = []
+    warnings: list[WarningEvent] = []
     generation = state.generation_of(mapping)
 
     connected = _revoked_condition(mapping) or _connected_condition(
@@ -180,11 +180,12 @@ def judge(
         )
         _, tell = state.condition_changed(before, after, CONNECTED)
         if tell and reason == NOT_CONNECTED_AFTER_TOKEN:
-            tells.append(Tell(EVENT_NOT_CONNECTED, message))
+            warnings.append(WarningEvent(EVENT_NOT_CONNECTED, message))
         elif tell and tell_failures and not status and reason in FAILED_STATES:
             said = f"the runtime reports {reason}"
             error = for_humans(record.last_error or "") if record is not None else ""
-            tells.append(Tell(EVENT_CONNECTION_FAILED, f"{said}: {error}" if error else said))
+            text = f"{said}: {error}" if error else said
+            warnings.append(WarningEvent(EVENT_CONNECTION_FAILED, text))
     elif (state.find_condition(before, CONNECTED) or {}).get("reason") == REVOKED:
         # Revocation lifted from a runtime that never reported: nothing is known, say nothing.
         after = [c for c in after if c.get("type") != CONNECTED]
@@ -208,8 +209,8 @@ def judge(
         )
         _, tell = state.condition_changed(before, after, REPORTS_STALE)
         if tell and status:
-            tells.append(Tell(EVENT_REPORTS_STALE, message))
-    return after, tuple(tells)
+            warnings.append(WarningEvent(EVENT_REPORTS_STALE, message))
+    return after, tuple(warnings)
 
 
 def _revoked_condition(mapping: Mapping) -> tuple[bool, str, str] | None:
