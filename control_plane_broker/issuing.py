@@ -46,7 +46,7 @@ from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import RateLimiter
 from control_plane_broker.registration import state
 from control_plane_broker.registration.service import Registered, RegistrationService
-from control_plane_broker.revocation_gate import RevocationGate
+from control_plane_broker.revocation.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,6 @@ from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
 from control_plane_broker.errors import FirstContactsBusy
-from control_plane_broker.identity.deny_list import DenyListFile
 from control_plane_broker.identity.enrolment import EnrolmentVerifier
 from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.identity.screening import ScreeningVerifier
@@ -62,7 +61,8 @@ from control_plane_broker.reconciler import Reconciler
 from control_plane_broker.registration.service import Hook, RegistrationService
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.retry import watch_backoff
-from control_plane_broker.revocation_gate import RevocationGate
+from control_plane_broker.revocation.deny_list_file import DenyListFile
+from control_plane_broker.revocation.revocation_gate import RevocationGate
 from control_plane_broker.settings import DirectorCredentials, Settings, load_director_credentials
 from control_plane_broker.supervisor import LoopWatch, Supervisor
 from kubeapi import ClusterAccess, EventRecorder, Informer, KubeClient, LeaderElector

@@ -31,9 +31,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from control_plane_broker import revocation
 from control_plane_broker.registration import state
 from control_plane_broker.registration.state import ConnectionRecord, Mapping
+from control_plane_broker.revocation import revocation_rules
 from control_plane_broker.text import for_humans
 
 # The CompassConnection states (status.connectionState), and NotFound when there is none.
@@ -214,7 +214,7 @@ def judge(
 
 
 def _revoked_condition(mapping: Mapping) -> tuple[bool, str, str] | None:
-    said = revocation.revoked(mapping, certificate_hash=None, deny=frozenset())
+    said = revocation_rules.revoked(mapping, certificate_hash=None, deny=frozenset())
     return None if said is None else (False, REVOKED, for_humans(said.detail))
 
 

@@ -35,7 +35,7 @@ from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import RateLimiter
 from control_plane_broker.registration.state import Mapping as MappingRecord
-from control_plane_broker.revocation_gate import RevocationGate
+from control_plane_broker.revocation.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
 from kubeapi import KubeError
 

@@ -29,12 +29,12 @@ RFC 4514 escapes, so they are undone exactly once, by the DN parser.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
 from control_plane_broker.identity.claims import Identity
-from control_plane_broker.revocation import normalise_hash
 
 HEADER = "x-forwarded-client-cert"
 # Far above a real element with a full certificate chain, far below what would cost real time.
@@ -42,6 +42,7 @@ MAX_HEADER_CHARS = 65536
 # Envoy documents URI and DNS as repeatable (one pair per SAN); every other key is single.
 REPEATABLE_KEYS = frozenset({"uri", "dns"})
 CN_TYPES = frozenset({"cn", "commonname", "2.5.4.3"})
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 _OWS = " \t"
 _BARE_FORBIDDEN = frozenset(',;="\\')
@@ -329,6 +330,15 @@ def forwarded(value: str) -> tuple[str | None, str | None]:
     last = parse_xfcc(value)[-1]
     subject = last.single("subject")
     return (None if subject is None else common_name(subject)), last.single("hash")
+
+
+def normalise_hash(value: str | None) -> str | None:
+    """The XFCC `Hash` value (the client certificate's SHA-256) in one form, lower-case hex, as
+    the deny list holds it; None when it is not a SHA-256 hex."""
+    if value is None:
+        return None
+    value = value.strip().lower()
+    return value if _SHA256_HEX.fullmatch(value) else None
 
 
 def identity_from_xfcc(headers: Mapping[str, str], *, runtime_id: str, trusted: bool) -> Identity:

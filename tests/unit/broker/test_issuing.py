@@ -37,7 +37,7 @@ from control_plane_broker.model import KymaView
 from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
 from control_plane_broker.registration.service import Registered
 from control_plane_broker.registration.state import Mapping as MappingRecord
-from control_plane_broker.revocation_gate import RevocationGate
+from control_plane_broker.revocation.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
 
 GA = "kyma-project.io/global-account-id"

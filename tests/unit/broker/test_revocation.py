@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 
 from control_plane_broker.errors import IdentityNotProven
-from control_plane_broker.identity.deny_list import DenyListFile
 from control_plane_broker.identity.verifier import XfccVerifier
-from control_plane_broker.identity.xfcc import identity_from_xfcc
+from control_plane_broker.identity.xfcc import identity_from_xfcc, normalise_hash
 from control_plane_broker.registration.state import ANNOTATION_REVOKED, Mapping
-from control_plane_broker.revocation import (
+from control_plane_broker.revocation.deny_list_file import DenyListFile
+from control_plane_broker.revocation.revocation_rules import (
     DenyList,
     Revoked,
-    normalise_hash,
     parse_deny_list,
     revoked,
 )

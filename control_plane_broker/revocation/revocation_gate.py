@@ -1,4 +1,4 @@
-"""Refuses a revoked runtime (see `revocation`): counted, logged and told on its Kyma.
+"""Refuses a revoked runtime (see `revocation_rules`): counted, logged and told on its Kyma.
 
 Called by the token and report paths right after the caller proved to be the runtime, so an
 unproven caller keeps getting 401 and cannot learn whether a runtime is revoked.
@@ -15,7 +15,7 @@ from control_plane_broker.kube.events import KymaEvents
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.model import KymaView
 from control_plane_broker.registration.state import Mapping
-from control_plane_broker.revocation import revoked
+from control_plane_broker.revocation.revocation_rules import revoked
 
 log = logging.getLogger(__name__)
 

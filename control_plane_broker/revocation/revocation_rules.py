@@ -6,19 +6,19 @@ value is only the operator's reason) or, in xfcc mode, while the SHA-256 hash of
 certificate (the XFCC `Hash=` element) is on the deny list. Revocation is judged only after the
 caller proved to be the runtime, and it never unregisters anything.
 
-Deny list file: one hex SHA-256 hash (64 digits, any case) per line; `#` starts a comment,
-blank lines are ignored; any other line is reported by number and ignored (the rest still
-counts: one typo must not lift every other revocation).
+Deny list file: one hex SHA-256 hash (64 digits, any case) per line, in the form the XFCC
+`Hash=` element is read in (`identity.xfcc.normalise_hash`); `#` starts a comment, blank lines
+are ignored; any other line is reported by number and ignored (the rest still counts: one typo
+must not lift every other revocation).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from control_plane_broker.identity.xfcc import normalise_hash
 from control_plane_broker.registration.state import Mapping
 
-_HASH = re.compile(r"[0-9a-f]{64}")
 MAX_REASON = 300
 
 SOURCE_ANNOTATION = "annotation"
@@ -38,19 +38,12 @@ def parse_deny_list(text: str) -> DenyList:
         entry = line.split("#", 1)[0].strip().lower()
         if not entry:
             continue
-        if _HASH.fullmatch(entry):
-            hashes.add(entry)
+        hashed = normalise_hash(entry)
+        if hashed is not None:
+            hashes.add(hashed)
         else:
             bad.append(number)
     return DenyList(frozenset(hashes), tuple(bad))
-
-
-def normalise_hash(value: str | None) -> str | None:
-    """The XFCC `Hash` value as the deny list holds it, or None when it is not a SHA-256 hex."""
-    if value is None:
-        return None
-    value = value.strip().lower()
-    return value if _HASH.fullmatch(value) else None
 
 
 @dataclass(frozen=True)

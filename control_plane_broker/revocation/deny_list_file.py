@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from control_plane_broker.revocation import DenyList, parse_deny_list
+from control_plane_broker.revocation.revocation_rules import DenyList, parse_deny_list
 
 log = logging.getLogger(__name__)
 
