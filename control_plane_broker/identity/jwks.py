@@ -3,7 +3,8 @@
 Keys come from the runtime API server (`/openid/v1/jwks`, issuer from
 `/.well-known/openid-configuration`) through its kubeconfig, or from a configured issuer URL
 (`{runtime_id}` is substituted), or, for a BYOC runtime enrolled with an approved issuer
-(`verify_with_issuer`, see `enrolment.py`), from that issuer's OIDC discovery document.
+(`verify_with_issuer`, see `enrolment/enrolment_service.py`), from that issuer's OIDC discovery
+document (`issuer_discovery`).
 An unknown `kid` triggers one refetch, at most every `refetch_seconds` per runtime (or issuer),
 so garbage tokens cannot make us hammer the cluster; callers that need the same keys at the same
 time share one fetch (a cold start of thousands of runtimes costs one fetch per runtime, not one
@@ -30,7 +31,7 @@ import jwt
 from control_plane_broker import pacing
 from control_plane_broker.capped import KIB, BodyTooLarge, read_capped
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
-from control_plane_broker.identity import claims, enrolment_rules
+from control_plane_broker.identity import claims, issuer_discovery
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.kube.runtime_access import RuntimeAccess
 from control_plane_broker.singleflight import SingleFlight
@@ -143,11 +144,11 @@ class JwksVerifier:
         followed: the approved origin answers itself)."""
         try:
             document = await self._get_json(
-                enrolment_rules.discovery_url(issuer), accept="application/json"
+                issuer_discovery.discovery_url(issuer), accept="application/json"
             )
-            jwks_uri = enrolment_rules.jwks_uri_from_discovery(issuer, document)
+            jwks_uri = issuer_discovery.jwks_uri_from_discovery(issuer, document)
             jwks: Any = await self._get_json(jwks_uri, accept=JWKS_ACCEPT)
-        except enrolment_rules.DiscoveryInvalid as exc:
+        except issuer_discovery.DiscoveryInvalid as exc:
             log.warning("enrolled issuer unusable", extra={"issuer": issuer, "problem": str(exc)})
             raise ControlPlaneUnavailable(
                 f"the approved issuer's discovery document is unusable: {exc}", retry_after=30

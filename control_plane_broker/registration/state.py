@@ -38,7 +38,7 @@ ANNOTATION_EXPIRES = "compass-broker.kyma-project.io/claim-expires"
 # Compass ID: the reconciler, woken by that very update, must not find them missing and write
 # them again (status.directorLabels follows in a separate write and wins once it is there).
 ANNOTATION_REGISTERED_LABELS = "compass-broker.kyma-project.io/registered-labels"
-# BYOC enrolment (identity/enrolment_rules.py): the issuer an operator approved, and the one a
+# BYOC enrolment (enrolment/enrolment_rules.py): the issuer an operator approved, and the one a
 # caller presented first, with when. The broker writes only the pending pair, never an approval.
 ANNOTATION_ISSUER_APPROVED = "compass-broker.kyma-project.io/issuer-approved"
 ANNOTATION_ISSUER_PENDING = "compass-broker.kyma-project.io/issuer-pending"

@@ -15,13 +15,14 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from control_plane_broker.enrolment import enrolment_rules as rules
+from control_plane_broker.enrolment.enrolment_rules import AwaitApproval, Enrolment, VerifyWith
 from control_plane_broker.errors import (
     ControlPlaneUnavailable,
     IdentityForbidden,
     IdentityNotProven,
 )
-from control_plane_broker.identity import enrolment_rules as rules
-from control_plane_broker.identity.enrolment_rules import AwaitApproval, Enrolment, VerifyWith
+from control_plane_broker.identity.issuer_discovery import issuer_problem
 from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.kube.runtime_access import RuntimeAccess
 from control_plane_broker.model import KymaView
@@ -60,7 +61,7 @@ def _token(key: Any = None, *, kid: str = "k1", alg: str = "ES256", **changes: A
     ],
 )
 def test_https_issuers_are_acceptable(issuer: str) -> None:
-    assert rules.issuer_problem(issuer) is None
+    assert issuer_problem(issuer) is None
 
 
 @pytest.mark.parametrize(
@@ -99,7 +100,7 @@ def test_https_issuers_are_acceptable(issuer: str) -> None:
     ],
 )
 def test_anything_else_is_refused_with_a_reason(issuer: object, problem: str) -> None:
-    assert problem in (rules.issuer_problem(issuer) or "")
+    assert problem in (issuer_problem(issuer) or "")
 
 
 def test_a_plausible_agent_token_presents_its_issuer() -> None:

@@ -1,5 +1,6 @@
-"""BYOC enrolment: identity for a runtime that has no kubeconfig Secret in KCP, by a double
-opt-in of its ServiceAccount issuer (the rules are in `enrolment_rules`).
+"""BYOC enrolment, the use case: identity for a runtime that has no kubeconfig Secret in KCP, by
+a double opt-in of its ServiceAccount issuer (the rules are in `enrolment_rules`); it writes the
+pending issuer on the mapping and the Event that asks an operator to approve it.
 
 Wraps the mode's verifier. Only when that one finds no kubeconfig Secret for the runtime, and a
 Kyma for it exists (not deleting, module enabled when the policy requires it), does this look at
@@ -28,10 +29,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
+from control_plane_broker.enrolment import enrolment_rules
+from control_plane_broker.enrolment.enrolment_rules import AwaitApproval, Enrolment
 from control_plane_broker.errors import EnrolmentPending, IdentityNotProven
-from control_plane_broker.identity import claims, enrolment_rules
+from control_plane_broker.identity import claims
 from control_plane_broker.identity.claims import Identity
-from control_plane_broker.identity.enrolment_rules import AwaitApproval, Enrolment
 from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.identity.verifier import Verifier
 from control_plane_broker.kube.events import KymaEvents

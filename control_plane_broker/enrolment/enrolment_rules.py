@@ -5,14 +5,14 @@ What always holds:
 
 - The issuer a caller presents is read from the token's *unverified* `iss`, so it is only ever a
   request to be approved, never a proof. It must be an https URL of bounded length without user
-  info, query or fragment, and the token must otherwise look like an agent's token (our
-  audience, an allowed ServiceAccount, not expired, RS256/ES256 with a key id); anything else is
-  no identity (401) and is not recorded.
+  info, query or fragment (`identity/issuer_discovery.issuer_problem`), and the token must
+  otherwise look like an agent's token (our audience, an allowed ServiceAccount, not expired,
+  RS256/ES256 with a key id); anything else is no identity (401) and is not recorded.
 - A token is verified only against the issuer an operator approved, and only when it presents
   exactly that issuer (string equality, as OIDC compares issuers). Keys are fetched from that
   issuer's discovery document, whose `issuer` must be the same string and whose `jwks_uri` must
   be https on the issuer's own host and port: an approval of one origin never sends the broker
-  to another.
+  to another (`identity/issuer_discovery`, used by the `jwks` proof).
 - The first pending issuer stays until an operator approves or clears it: a later caller with
   another issuer (someone else who knows the runtime ID, or a rebuilt cluster) cannot replace
   it, so the value an operator checked with the cluster's owner is the value the approval
@@ -21,54 +21,21 @@ What always holds:
 
 from __future__ import annotations
 
-import re
 import shlex
-from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import jwt
 
 from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
 from control_plane_broker.identity import claims
+from control_plane_broker.identity.issuer_discovery import issuer_problem
 from control_plane_broker.registration.state import (
     ANNOTATION_ISSUER_APPROVED,
     ANNOTATION_ISSUER_PENDING,
     ANNOTATION_ISSUER_PENDING_SINCE,
 )
 
-MAX_ISSUER_CHARS = 512  # cloud issuers are ~100 characters; an annotation value stays small
 ALGORITHMS = frozenset({"RS256", "ES256"})
-DISCOVERY_SUFFIX = "/.well-known/openid-configuration"
-# What an issuer may be made of. The value comes from an unauthenticated caller and ends up in
-# the approval command an operator pastes into a shell: `$`, backquotes, `;`, `|`, `&`, quotes,
-# parentheses, brackets, braces and globs have no place in a cluster's issuer URL (cloud issuers
-# are host names and path segments of letters, digits and `-._~`), so they are refused outright,
-# not escaped. The command quotes its values as well (`approve_command`).
-_ISSUER_CHARS = re.compile(r"[A-Za-z0-9._~:/%-]+")
-
-
-def issuer_problem(value: object) -> str | None:
-    """Why `value` cannot be an enrolled issuer, or None when it can."""
-    if not isinstance(value, str) or not value:
-        return "no issuer"
-    if len(value) > MAX_ISSUER_CHARS:
-        return f"longer than {MAX_ISSUER_CHARS} characters"
-    if not value.isascii() or any(ch.isspace() or not ch.isprintable() for ch in value):
-        return "not printable ASCII without spaces"
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError:
-        return "not a URL"
-    checks = (
-        (parts.scheme != "https", "not https"),
-        (not parts.hostname or "@" in parts.netloc, "no host, or user info in the URL"),
-        ("?" in value or "#" in value, "a query or fragment in the URL"),
-        (port == 0, "port 0"),
-        (not _ISSUER_CHARS.fullmatch(value), "characters other than letters, digits and -._~:/%"),
-    )
-    return next((problem for failed, problem in checks if failed), None)
 
 
 def claimed_issuer(token: str) -> str:
@@ -116,30 +83,6 @@ def presented_issuer(
         )
     assert isinstance(issuer, str)
     return issuer
-
-
-def discovery_url(issuer: str) -> str:
-    return issuer.rstrip("/") + DISCOVERY_SUFFIX
-
-
-class DiscoveryInvalid(ValueError):
-    """The approved issuer's discovery document breaks the rules above."""
-
-
-def jwks_uri_from_discovery(issuer: str, document: object) -> str:
-    if not isinstance(document, Mapping):
-        raise DiscoveryInvalid("the discovery document is not a JSON object")
-    if document.get("issuer") != issuer:
-        raise DiscoveryInvalid("the discovery document names another issuer")
-    jwks_uri = document.get("jwks_uri")
-    problem = issuer_problem(jwks_uri)
-    if problem is not None:
-        raise DiscoveryInvalid(f"jwks_uri is unusable: {problem}")
-    assert isinstance(jwks_uri, str)
-    mine, theirs = urlsplit(issuer), urlsplit(jwks_uri)
-    if (mine.hostname, mine.port or 443) != (theirs.hostname, theirs.port or 443):
-        raise DiscoveryInvalid("jwks_uri is not on the issuer's host and port")
-    return jwks_uri
 
 
 # --- the decision on one request -----------------------------------------------------------
