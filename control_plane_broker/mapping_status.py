@@ -1,6 +1,8 @@
-"""The mapping's status and the Events that go with it: conditions for registration, token,
-unregistration and label sync, and the conflict-safe write of a computed change (connection
-reports' `report_rules.Change`). General: every feature writes its mapping status through here.
+"""The mapping's status and the Events that go with it: the conditions of registration, token,
+unregistration and label sync failures, the status after a token was issued, and the
+conflict-safe write of a computed change with its Warning Events (what connection reports and
+the leader's connection checks decide, `connections/report_rules.Change`). Not one feature's:
+the token path, the reconciler and connection reports write through it.
 
 What always holds:
 - the status is written only when it would change (read from the watch-fed mapping view), with
