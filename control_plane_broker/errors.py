@@ -73,7 +73,8 @@ class CompassDown(CompassUnavailable):
 class CompassFailed(TemporaryError):
     """Director answered with its internal error (code 10), which it gives to a database
     failure and to many permanent mistakes alike: not an outage, not a refusal for good. 502
-    without Retry-After, so the agent backs off to its cap (`director.errors` has the evidence)."""
+    without Retry-After, so the agent backs off to its cap (`director.classification` has the
+    evidence)."""
 
     slug = "compass-failed"
     status = 502

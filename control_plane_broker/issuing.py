@@ -22,14 +22,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from control_plane_broker.director.client import DirectorApi
-from control_plane_broker.director.errors import (
+from control_plane_broker.director.answers import OneTimeToken
+from control_plane_broker.director.classification import (
     DirectorFailed,
     DirectorPermanent,
     DirectorTenantUnknown,
 )
+from control_plane_broker.director.client import DirectorApi
 from control_plane_broker.director.guard import CallerPresent, DirectorGuard
-from control_plane_broker.director.models import OneTimeToken
 from control_plane_broker.errors import (
     CallerGone,
     CompassFailed,
@@ -40,8 +40,8 @@ from control_plane_broker.errors import (
     RateLimited,
 )
 from control_plane_broker.identity.verifier import Verifier
+from control_plane_broker.kyma import LABEL_SUBACCOUNT, KymaView
 from control_plane_broker.mapping_status import StatusRecorder
-from control_plane_broker.model import LABEL_SUBACCOUNT, KymaView
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.ratelimit import RateLimiter
 from control_plane_broker.registration import state

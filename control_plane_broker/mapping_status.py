@@ -26,9 +26,9 @@ from typing import Any
 
 from control_plane_broker.connections.report_rules import Change
 from control_plane_broker.errors import BrokerError, TemporaryError
-from control_plane_broker.kube.events import KymaEvents
+from control_plane_broker.kube.kyma_events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
-from control_plane_broker.model import KymaView
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.registration import state
 from control_plane_broker.registration.service import MappingReader, Registered
 from control_plane_broker.registration.state import Mapping

@@ -15,7 +15,7 @@ from control_plane_broker.errors import (
     ModuleNotEnabled,
     RuntimeNotFound,
 )
-from control_plane_broker.model import KymaView
+from control_plane_broker.kyma import KymaView
 
 # A Kyma name is the lower-cased runtime ID, so a runtime ID must be a valid DNS label; this also
 # keeps quotes and JSON out of the Director label filter it ends up in.

@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
+from control_plane_broker.director.classification import DirectorPermanent, DirectorRetryable
 from control_plane_broker.director.oauth import OAuthTokenSource
-from control_plane_broker.model import KYMA_GROUP, KYMA_VERSION, MAPPING_VERSION
+from control_plane_broker.kyma import KYMA_GROUP, KYMA_VERSION, MAPPING_VERSION
 from control_plane_broker.settings import Settings, load_director_credentials
 from kubeapi import ClusterAccess, KubeClient, KubeError, NotFound, describe_transport_error
 

@@ -50,14 +50,14 @@ from control_plane_broker.identity.tokenreview import TokenReviewVerifier
 from control_plane_broker.identity.verifier import CountingVerifier, Verifier, XfccVerifier
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer, mapping_informer
-from control_plane_broker.kube.events import KymaEvents
+from control_plane_broker.kube.kyma_events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.kube.runtime_access import RuntimeAccess
+from control_plane_broker.kyma import KymaView
+from control_plane_broker.kyma_reconciler import KymaReconciler
 from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.model import KymaView
 from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
-from control_plane_broker.reconciler import Reconciler
 from control_plane_broker.registration.service import Hook, RegistrationService
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.retry import watch_backoff
@@ -436,7 +436,7 @@ def background_tasks(
     supervisor.start("event-flusher", kcp.recorder.run_flusher, required=False)
     if not settings.reconciler_enabled:
         return
-    reconciler = Reconciler(
+    reconciler = KymaReconciler(
         settings=settings,
         cache=kcp.kymas,
         mappings=kcp.mappings,

@@ -1,18 +1,18 @@
 """Talking to Compass Director: GraphQL documents, typed models, OAuth, and the async client."""
 
-from control_plane_broker.director.client import DirectorClient
-from control_plane_broker.director.errors import (
+from control_plane_broker.director.answers import (
+    DirectorRuntime,
+    OneTimeToken,
+    RuntimeRegisterInput,
+)
+from control_plane_broker.director.classification import (
     DirectorNotFound,
     DirectorPermanent,
     DirectorRetryable,
     classify,
 )
+from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
-from control_plane_broker.director.models import (
-    DirectorRuntime,
-    OneTimeToken,
-    RuntimeRegisterInput,
-)
 from control_plane_broker.director.oauth import OAuthTokenSource
 
 __all__ = [

@@ -1,7 +1,7 @@
 """A typed async Director client: one GraphQL POST per operation, OAuth and `Tenant` on each.
 
 Holds: every call goes through the guard (breaker + concurrency limit); every failure leaves as
-`DirectorRetryable` or `DirectorPermanent` (see `director.errors`); tokens are never logged.
+`DirectorRetryable` or `DirectorPermanent` (see `director.classification`); tokens are never logged.
 """
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ from pydantic import BaseModel, ValidationError
 
 from control_plane_broker.capped import MIB, BodyTooLarge, read_capped
 from control_plane_broker.director import documents as docs
-from control_plane_broker.director.errors import (
-    DirectorNotFound,
-    DirectorPermanent,
-    DirectorRetryable,
-    classify,
-)
-from control_plane_broker.director.guard import CallerPresent, DirectorGuard
-from control_plane_broker.director.models import (
+from control_plane_broker.director.answers import (
     DirectorRuntime,
     GraphQLError,
     OneTimeToken,
     RuntimePage,
     RuntimeRegisterInput,
 )
+from control_plane_broker.director.classification import (
+    DirectorNotFound,
+    DirectorPermanent,
+    DirectorRetryable,
+    classify,
+)
+from control_plane_broker.director.guard import CallerPresent, DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
 from kubeapi import describe_transport_error
 

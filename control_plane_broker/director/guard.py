@@ -37,14 +37,14 @@ from control_plane_broker.director.admission import (
     Request,
     advise,
 )
-from control_plane_broker.director.errors import DirectorFailed, DirectorRetryable
+from control_plane_broker.director.classification import DirectorFailed, DirectorRetryable
 from control_plane_broker.errors import CallerGone, CompassDown, CompassUnavailable, TurnBooked
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # What a call's end says about Director: it answered, it is failing, or an internal error that
-# may be either (see `director.errors`).
+# may be either (see `director.classification`).
 Verdict = Literal["healthy", "outage", "ambiguous"]
 # Asked once a call holds a slot, right before it leaves: False when nobody waits for the answer.
 CallerPresent = Callable[[], Awaitable[bool]]

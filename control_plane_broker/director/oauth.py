@@ -17,7 +17,7 @@ from collections.abc import Callable
 import httpx
 
 from control_plane_broker.capped import KIB, BodyTooLarge, read_capped
-from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
+from control_plane_broker.director.classification import DirectorPermanent, DirectorRetryable
 from control_plane_broker.settings import DirectorCredentials
 from kubeapi import describe_transport_error
 

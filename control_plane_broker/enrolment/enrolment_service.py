@@ -36,9 +36,9 @@ from control_plane_broker.identity import claims
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.identity.verifier import Verifier
-from control_plane_broker.kube.events import KymaEvents
+from control_plane_broker.kube.kyma_events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
-from control_plane_broker.model import KymaView
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.policy import module_enabled
 from control_plane_broker.registration import state
 from kubeapi import Conflict, KubeError

@@ -2,7 +2,7 @@
 repository, runtime access and Kyma Events; no decisions are made here."""
 
 from control_plane_broker.kube.caches import kyma_informer, mapping_informer
-from control_plane_broker.kube.events import KymaEvents
+from control_plane_broker.kube.kyma_events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.kube.runtime_access import RuntimeAccess
 

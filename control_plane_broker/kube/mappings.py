@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from control_plane_broker.model import KYMA_GROUP, MAPPING_VERSION
+from control_plane_broker.kyma import KYMA_GROUP, MAPPING_VERSION
 from control_plane_broker.registration.state import Mapping
 from kubeapi import KubeClient
 

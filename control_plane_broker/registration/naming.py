@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from control_plane_broker.model import (
+from control_plane_broker.kyma import (
     LABEL_GLOBAL_ACCOUNT,
     LABEL_INSTANCE,
     LABEL_PLAN_ID,

@@ -37,14 +37,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from control_plane_broker.director.client import DirectorApi
-from control_plane_broker.director.errors import (
+from control_plane_broker.director.answers import DirectorRuntime, RuntimeRegisterInput
+from control_plane_broker.director.classification import (
     INVALID_OPERATION,
     DirectorPermanent,
     DirectorTenantUnknown,
     may_have_reached_director,
 )
-from control_plane_broker.director.models import DirectorRuntime, RuntimeRegisterInput
+from control_plane_broker.director.client import DirectorApi
 from control_plane_broker.errors import (
     CompassTenantUnknown,
     ControlPlaneUnavailable,
@@ -53,8 +53,8 @@ from control_plane_broker.errors import (
     RegistrationBusy,
 )
 from control_plane_broker.kube.mappings import MappingRepository
+from control_plane_broker.kyma import LABEL_GLOBAL_ACCOUNT, LABEL_SHOOT, LABEL_SUBACCOUNT, KymaView
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.model import LABEL_GLOBAL_ACCOUNT, LABEL_SHOOT, LABEL_SUBACCOUNT, KymaView
 from control_plane_broker.registration import naming, state
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.settings import Settings

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from control_plane_broker.model import (
+from control_plane_broker.kyma import (
     KYMA_GROUP,
     LABEL_COMPASS_ID,
     LABEL_GLOBAL_ACCOUNT,

@@ -11,9 +11,9 @@ from typing import Protocol
 
 from control_plane_broker.errors import RuntimeRevoked
 from control_plane_broker.identity.claims import Identity
-from control_plane_broker.kube.events import KymaEvents
+from control_plane_broker.kube.kyma_events import KymaEvents
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.model import KymaView
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.revocation.revocation_rules import revoked
 

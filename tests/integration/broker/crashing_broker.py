@@ -9,7 +9,7 @@ import os
 import sys
 
 from control_plane_broker.__main__ import load, serve
-from control_plane_broker.model import KymaView
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.wiring import run
 
 CRASH_EXIT_CODE = 70

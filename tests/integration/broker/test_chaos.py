@@ -31,12 +31,12 @@ from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
 from control_plane_broker.kube.caches import kyma_informer, mapping_informer
-from control_plane_broker.kube.events import KymaEvents
+from control_plane_broker.kube.kyma_events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
+from control_plane_broker.kyma import KYMA_GROUP, KYMA_VERSION, KymaView
+from control_plane_broker.kyma_reconciler import KymaReconciler
 from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.model import KYMA_GROUP, KYMA_VERSION, KymaView
-from control_plane_broker.reconciler import Reconciler
 from control_plane_broker.registration.service import RegistrationService
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.retry import backoff
@@ -211,8 +211,8 @@ class Plant:
     settings: Settings
     metrics: Metrics
 
-    def reconciler(self, *, director: Any, leading: Callable[[], bool]) -> Reconciler:
-        return Reconciler(
+    def reconciler(self, *, director: Any, leading: Callable[[], bool]) -> KymaReconciler:
+        return KymaReconciler(
             settings=self.settings,
             cache=self.kymas,
             mappings=self.mappings,

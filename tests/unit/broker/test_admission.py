@@ -15,7 +15,7 @@ from control_plane_broker.director.admission import (
     Deferred,
     advise,
 )
-from control_plane_broker.director.errors import DirectorRetryable
+from control_plane_broker.director.classification import DirectorRetryable
 from control_plane_broker.director.guard import FIRST_CALL, FOLLOW_UP, DirectorGuard, PrioritySlots
 from control_plane_broker.errors import CompassUnavailable, TurnBooked
 from tests.unit.broker.conditions import until

@@ -27,8 +27,8 @@ from control_plane_broker.connections.report_service import ConnectionReporter
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.model import KymaView
 from control_plane_broker.registration.state import to_rfc3339
 from control_plane_broker.settings import Settings
 from kubeapi import ClusterAccess, KubeClient, KubeUnavailable, describe_transport_error

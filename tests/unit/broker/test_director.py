@@ -19,16 +19,16 @@ from prometheus_client import generate_latest
 
 from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director import documents
-from control_plane_broker.director.client import MAX_PAGES, DirectorClient
-from control_plane_broker.director.errors import (
+from control_plane_broker.director.answers import RuntimeRegisterInput
+from control_plane_broker.director.classification import (
     DirectorFailed,
     DirectorPermanent,
     DirectorRetryable,
     DirectorTenantUnknown,
     may_have_reached_director,
 )
+from control_plane_broker.director.client import MAX_PAGES, DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
-from control_plane_broker.director.models import RuntimeRegisterInput
 from control_plane_broker.director.oauth import OAuthTokenSource, refresh_at
 from control_plane_broker.errors import CallerGone, CompassUnavailable, TurnBooked
 from control_plane_broker.metrics import Metrics

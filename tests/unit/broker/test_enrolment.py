@@ -25,7 +25,7 @@ from control_plane_broker.errors import (
 from control_plane_broker.identity.issuer_discovery import issuer_problem
 from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.kube.runtime_access import RuntimeAccess
-from control_plane_broker.model import KymaView
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.registration import state
 from kubeapi import ClusterAccess, KubeClient
 

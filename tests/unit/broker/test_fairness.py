@@ -30,7 +30,7 @@ from control_plane_broker.identity.claims import Identity
 from control_plane_broker.identity.screening import ScreeningVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
 from control_plane_broker.kube.runtime_access import RuntimeAccess
-from control_plane_broker.model import KymaView
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
 from tests.unit.broker.conditions import until
 from tests.unit.broker.test_identity_adapters import ALLOWED, World, access, bearer

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from control_plane_broker import errors
-from control_plane_broker.director.errors import DirectorPermanent, DirectorRetryable
+from control_plane_broker.director.classification import DirectorPermanent, DirectorRetryable
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.mapping_status import (
     TOKEN_TIMESTAMP_REFRESH,
     StatusRecorder,
@@ -16,7 +17,6 @@ from control_plane_broker.mapping_status import (
     failure_text,
     issued_status,
 )
-from control_plane_broker.model import KymaView
 from control_plane_broker.registration import state
 from control_plane_broker.registration.service import Registered
 from kubeapi import Conflict, KubeUnavailable

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from control_plane_broker.model import KymaView
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.registration import naming
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from control_plane_broker import errors
-from control_plane_broker.model import KymaView
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 
 

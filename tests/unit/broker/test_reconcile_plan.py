@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from control_plane_broker.model import KymaView
-from control_plane_broker.reconciler import (
+from control_plane_broker.kyma import KymaView
+from control_plane_broker.kyma_reconciler import (
     Nothing,
     Release,
     Requeue,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane_broker.model import KymaView
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.registration import state
 from tests.unit.broker.mapping_views import mapping_view as _mapping
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from control_plane_broker.api.app import ConnectionReportBody, report_from_body
-from control_plane_broker.kube.events import KymaEvents
+from control_plane_broker.kube.kyma_events import KymaEvents
 
 HOSTILE = "x509: \x1b[31mexpired\x1b[0m\x07\r\nroot\u202etxt.exe\u2067\u200f"
 

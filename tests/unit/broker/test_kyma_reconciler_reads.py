@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from control_plane_broker.kyma_reconciler import KymaReconciler
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.reconciler import Reconciler
 from control_plane_broker.registration import state
 from control_plane_broker.settings import Settings
 from tests.unit.broker.mapping_views import mapping_view
@@ -32,7 +32,7 @@ class _NoReads:
 async def test_a_registration_in_flight_is_looked_at_again_later_without_a_read() -> None:
     now = 100.0
     claimed = mapping_view(holder="other-replica", expires=now + 0.05)
-    reconciler = Reconciler(
+    reconciler = KymaReconciler(
         settings=Settings(director_url="http://director.invalid"),  # type: ignore[call-arg]
         cache=_View({}),  # type: ignore[arg-type]
         mappings=_View({"rt-1": claimed}),  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The leader's reconciler: unregisters runtimes whose Kyma is gone, syncs Director labels, and
+"""The leader's Kyma reconciler: unregisters runtimes whose Kyma is gone, syncs Director labels, and
 judges every runtime's connection health periodically (stale reports, no connection after a
 token: `report_rules.check`, written only on change).
 
@@ -28,14 +28,14 @@ from dataclasses import dataclass
 
 from control_plane_broker.connections import report_rules
 from control_plane_broker.connections.report_service import report_limits
+from control_plane_broker.director.classification import DirectorFailed, DirectorPermanent
 from control_plane_broker.director.client import DirectorApi
-from control_plane_broker.director.errors import DirectorFailed, DirectorPermanent
 from control_plane_broker.errors import BrokerError, KymaIncomplete
-from control_plane_broker.kube.events import KymaEvents
+from control_plane_broker.kube.kyma_events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
+from control_plane_broker.kyma import LABEL_SHOOT, KymaView
 from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.model import LABEL_SHOOT, KymaView
 from control_plane_broker.policy import module_enabled
 from control_plane_broker.registration import naming, state
 from control_plane_broker.registration.service import (
@@ -109,7 +109,7 @@ def plan(  # noqa: PLR0911 - the ordered rules
     return Nothing()
 
 
-class Reconciler:
+class KymaReconciler:
     def __init__(
         self,
         *,

@@ -1,10 +1,10 @@
-"""Director's answers classified (`director.errors`)."""
+"""Director's answers classified (`director.classification`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from control_plane_broker.director.errors import (
+from control_plane_broker.director.classification import (
     DirectorFailed,
     DirectorNotFound,
     DirectorPermanent,

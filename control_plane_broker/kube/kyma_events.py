@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from control_plane_broker.model import KYMA_GROUP, KYMA_VERSION
+from control_plane_broker.kyma import KYMA_GROUP, KYMA_VERSION
 from control_plane_broker.text import for_humans
 from kubeapi import EventRecorder, ObjectRef
 
