@@ -70,8 +70,8 @@ def test_chart_defaults_are_the_documented_defaults(binaries: Binaries, chart: s
 
 
 def test_director_concurrency_is_the_documented_share_per_replica(binaries: Binaries) -> None:
-    """docs/broker.md (Admission): a quarter above the calls Director serves at once (10 for a
-    Director serving 8), divided by the replicas."""
+    """docs/broker.md ("When Director is busy"): a quarter above the calls Director serves at
+    once (10 for a Director serving 8), divided by the replicas."""
     env = _deployment_env(binaries, "compass-broker")
     objects = render(binaries, "compass-broker", namespace="kcp-system", values=BROKER_REQUIRED)
     (deployment,) = by_kind(objects, "Deployment")
