@@ -1,7 +1,7 @@
 """The broker's configuration: one settings object, read from `BROKER_*` environment variables.
 
 Every field has a default that is safe for production except the Director endpoint and
-credentials, which must be given. `docs/broker.md` lists every field; a test keeps them in sync.
+credentials, which must be given. README.md lists every field; a test keeps them in sync.
 Settings are passed down explicitly; nothing reads the environment after start-up.
 """
 
