@@ -1,7 +1,7 @@
 """The runtime half of the pull model: pulls a Compass one-time token from the broker.
 
 Public names are `__all__` and nothing else; they load on first use (PEP 562), so importing a
-pure module such as `agent.retry` or `agent.decide` never drags in httpx or the Kubernetes
+pure module such as `agent.retry_policy` or `agent.decide` never drags in httpx or the Kubernetes
 adapters (the benchmarks rely on that).
 """
 

@@ -27,7 +27,7 @@ from agent.kube.events import COMPONENT
 from agent.landscape import CONFIGMAP_NAME
 from agent.metrics import AgentMetrics
 from agent.reconcile import Reconciler
-from agent.retry import RandomSource, next_delay
+from agent.retry_policy import RandomSource, next_delay
 from agent.settings import AgentSettings, IdentityMode, ModuleSignal
 from kubeapi import (
     JSON,

@@ -17,7 +17,7 @@ refusal only with the broker's own problem type `compass-rejected`, which its do
 permanent: retried at the backoff's pace it cost one Director call each time for ever. A 502 of
 a gateway, or the broker's `compass-failed`, stays Temporary and backs off to the cap.)
 
-`pull()` retries Temporary outcomes forever (tenacity, with `agent.retry.next_delay`: capped
+`pull()` retries Temporary outcomes forever (tenacity, with `agent.retry_policy.next_delay`: capped
 exponential backoff over the failures in a row without `Retry-After`, full jitter, `Retry-After`
 honoured) and returns the first Issued or Refused. A report is one request (`report()`); its
 caller backs off. A 403 whose problem type ends in `runtime-revoked` is a `Refused` with
@@ -43,7 +43,7 @@ from tenacity.wait import wait_base
 
 from agent.identity import Identity, IdentityError
 from agent.outcomes import Accepted, Issued, Outcome, Refused, ReportOutcome, Temporary
-from agent.retry import RandomSource, RetryPolicy, next_delay, parse_retry_after
+from agent.retry_policy import RandomSource, RetryPolicy, next_delay, parse_retry_after
 from kubeapi import describe_transport_error
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from enum import StrEnum
 
 from agent.model import Connection, TokenRecord, format_time
 from agent.outcomes import Issued, Outcome, Refused
-from agent.retry import DEFAULT_POLICY, RetryPolicy, step
+from agent.retry_policy import DEFAULT_POLICY, RetryPolicy, step
 
 
 class Action(StrEnum):

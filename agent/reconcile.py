@@ -53,7 +53,7 @@ from agent.model import (
     fingerprint,
 )
 from agent.outcomes import Accepted, Issued, Outcome, Refused, ReportOutcome, Temporary
-from agent.retry import RandomSource, RetryPolicy, jittered, next_delay
+from agent.retry_policy import RandomSource, RetryPolicy, jittered, next_delay
 from agent.settings import AgentSettings, ModuleSignal
 from kubeapi import EventRecorder, KubeClient, KubeError, KubeUnavailable, NotFound, ObjectRef
 

@@ -6,7 +6,7 @@ the client certificate's `notAfter`, the runtime agent's last error, the SHA-256
 token the agent wrote, and when it read all that. It is sent when the first four change and
 otherwise as a heartbeat every `min(AGENT_REPORT_INTERVAL_SECONDS, the broker's
 nextReportAfterSeconds)` ± 20 %. A failed report backs off with THE retry policy
-(`agent.retry.next_delay`, `Retry-After` honoured); a change waits for that backoff too.
+(`agent.retry_policy.next_delay`, `Retry-After` honoured); a change waits for that backoff too.
 
 Always holds: pure (the clock and randomness come in as arguments); building a report from any
 CompassConnection, however hostile its contents, never raises, and the body is valid UTF-8 JSON
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from agent.model import Connection, ConnectionState, TokenRecord, format_time
-from agent.retry import RandomSource, RetryPolicy, jittered, next_delay
+from agent.retry_policy import RandomSource, RetryPolicy, jittered, next_delay
 
 NOT_FOUND = "NotFound"
 REPORTABLE_STATES = frozenset(str(s) for s in ConnectionState)

@@ -14,7 +14,7 @@ from typing import Annotated, Self
 from pydantic import AnyHttpUrl, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from agent.retry import RetryPolicy
+from agent.retry_policy import RetryPolicy
 
 DEFAULT_SA_TOKEN_FILE = Path("/var/run/secrets/compass-agent/token")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

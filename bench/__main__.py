@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agent.retry import Jitter, RetryPolicy, next_delay
+from agent.retry_policy import Jitter, RetryPolicy, next_delay
 from bench import report as report_mod
 from bench.jsonout import to_json
 from bench.keys import RuntimeKey, new_runtime_keys
@@ -335,7 +335,7 @@ def retry_policy_note() -> str | None:
     policy = RetryPolicy(jitter=Jitter.NONE)
     if next_delay(policy, 1, retry_after=30.0) < 30.0:
         return (
-            "agent/retry.py, as imported for this run, did NOT honour `Retry-After` "
+            "agent/retry_policy.py, as imported for this run, did NOT honour `Retry-After` "
             "(next_delay(attempt 1, Retry-After 30 s) < 30 s): the simulated agents came back "
             "sooner than the broker asked."
         )

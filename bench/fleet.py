@@ -1,9 +1,9 @@
 """A simulated fleet: one agent per runtime, each asking the broker with the agent's own client.
 
 Each simulated agent is the real `agent.broker_client.BrokerClient` (the agent's outcome
-handling and its tenacity loop over THE retry policy `agent.retry`: capped exponential backoff
-with full jitter, `Retry-After` honoured, 30 s timeout), fed with a bearer token made before the
-run (signed, or issued by a runtime API server): the fleet does no crypto while it runs.
+handling and its tenacity loop over THE retry policy `agent.retry_policy`: capped exponential
+backoff with full jitter, `Retry-After` honoured, 30 s timeout), fed with a bearer token made
+before the run (signed, or issued by a runtime API server): the fleet does no crypto while it runs.
 
 The agents run in processes of their own (`python -m bench.fleet JOB`), never in the
 benchmark's process, so their CPU is theirs and can be reported; each process reports its own
@@ -42,7 +42,7 @@ import httpx
 
 from agent.broker_client import BrokerClient
 from agent.outcomes import Issued, Outcome, Refused
-from agent.retry import DEFAULT_POLICY
+from agent.retry_policy import DEFAULT_POLICY
 
 AGENT_TIMEOUT = 30.0  # the agent's default AGENT_BROKER_TIMEOUT
 POOL_GROUP = 50  # agents per shared connection pool

@@ -640,7 +640,7 @@ def render(report: BenchReport) -> str:
         "its request log, registrations from its store (duplicates = registrations beyond the "
         "first carrying the same `kyma_runtime_id` label).",
         "- Each simulated agent is the agent's own `BrokerClient.pull` (THE retry policy in "
-        "`agent/retry.py`: exponential backoff from 1 s, factor 2, cap 300 s, full jitter, "
+        "`agent/retry_policy.py`: exponential backoff from 1 s, factor 2, cap 300 s, full jitter, "
         "`Retry-After` honoured; 30 s timeout); all N ask at the same moment, from fleet "
         "processes of their own with tokens made before the run (no crypto while it runs) and "
         "connection pools of 50 agents, one connection each; with R replicas agent i asks "

@@ -12,7 +12,7 @@ What this buys: after an outage or a restart the whole fleet asks at once; inste
 of requests waiting in one queue until they time out (and asking again, and again), each agent
 is told when to come back, and the fleet arrives spread over exactly the time Director needs.
 
-Agents add jitter to `Retry-After` (agent/retry.py: up to a tenth of it, at least a second),
+Agents add jitter to `Retry-After` (agent/retry_policy.py: up to a tenth of it, at least a second),
 so an agent told its exact turn arrives after it, and the capacity booked for it idles meanwhile:
 measured, Director then served 72 % of what it could. `advise` answers a time early enough that
 the agent is there by its turn (it is admitted up to `max_wait` before it and waits in the queue,
@@ -81,7 +81,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-# What an agent adds to Retry-After (agent/retry.py): up to this share of it, at least a second.
+# What an agent adds to Retry-After (agent/retry_policy.py): up to this share of it, at least a
+# second.
 CLIENT_JITTER_SHARE = 0.1
 CLIENT_MIN_JITTER = 1.0
 LEAD_SHARE_OF_MAX_WAIT = 0.25  # how far before its turn an agent is aimed to arrive

@@ -12,7 +12,7 @@ import pytest
 from agent.broker_client import BrokerClient
 from agent.identity import IdentityError, ServiceAccountIdentity
 from agent.outcomes import Accepted, Issued, Outcome, Refused, Temporary
-from agent.retry import Jitter, RetryPolicy
+from agent.retry_policy import Jitter, RetryPolicy
 
 NOW = datetime(2025, 1, 1, 12, tzinfo=UTC)
 TOKEN_BODY = {

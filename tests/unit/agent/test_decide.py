@@ -24,7 +24,7 @@ from agent.decide import (
 )
 from agent.model import Connection, TokenRecord, format_time
 from agent.outcomes import Issued, Refused, Temporary
-from agent.retry import RetryPolicy
+from agent.retry_policy import RetryPolicy
 
 NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 MIN = timedelta(minutes=1)

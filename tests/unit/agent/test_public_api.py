@@ -1,5 +1,5 @@
 """The agent package's public names are exactly the intended ones, and the pure modules stay
-pure: decide, retry, model, outcomes and report import no HTTP client, no Kubernetes client and no
+pure: decide, retry_policy, model, outcomes and report import no HTTP client, no Kubernetes client and no
 adapter (`agent.kube`, `kubeapi`), so they can be reasoned about and benchmarked without I/O."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import agent
 
 PKG = Path(__file__).resolve().parents[3] / "agent"
-PURE = ["decide", "retry", "model", "outcomes", "report"]
+PURE = ["decide", "retry_policy", "model", "outcomes", "report"]
 FORBIDDEN = ("httpx", "kubernetes", "kubeapi", "agent.kube", "agent.app", "agent.broker_client")
 
 
@@ -25,7 +25,7 @@ def test_public_names_are_the_intended_ones() -> None:
     for name in agent.__all__:
         getattr(agent, name)
     # httpx style: every public name the package defines is exported, and nothing else is
-    # (submodules such as `agent.retry` are reached by their dotted path).
+    # (submodules such as `agent.retry_policy` are reached by their dotted path).
     defined = sorted(
         n for n, v in vars(agent).items() if not n.startswith("_") and not isinstance(v, ModuleType)
     )
@@ -61,7 +61,8 @@ def test_pure_module_imports_no_io_or_adapter(module: str) -> None:
 def test_importing_the_package_and_pure_modules_loads_no_io_library() -> None:
     # A fresh interpreter: what the imports pull in transitively, not only what they name.
     code = (
-        "import sys, agent, agent.decide, agent.retry, agent.model, agent.outcomes, agent.report; "
+        "import sys, agent, agent.decide, agent.retry_policy, agent.model, agent.outcomes, "
+        "agent.report; "
         "print(','.join(sorted(m for m in sys.modules "
         "if m.split('.')[0] in ('httpx', 'kubernetes', 'kubeapi') or m.startswith('agent.kube'))))"
     )

@@ -25,7 +25,7 @@ from agent.report import (
     build_report,
     due_at,
 )
-from agent.retry import RetryPolicy
+from agent.retry_policy import RetryPolicy
 
 NOW = datetime(2026, 12, 3, 15, 0, 0, tzinfo=UTC)
 SECONDS = timedelta(seconds=1)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from agent.retry import Jitter, RetryPolicy, jittered, next_delay, parse_retry_after, step
+from agent.retry_policy import Jitter, RetryPolicy, jittered, next_delay, parse_retry_after, step
 
 
 class Fixed:
@@ -99,7 +99,7 @@ def test_parse_retry_after(header: str | None, expected: float | None) -> None:
 
 def test_module_imports_no_io_libraries() -> None:
     code = (
-        "import sys, agent.retry, agent.decide, agent.model, agent.outcomes; "
+        "import sys, agent.retry_policy, agent.decide, agent.model, agent.outcomes; "
         "bad = [m for m in ('httpx', 'kubernetes') if m in sys.modules]; "
         "print(','.join(bad))"
     )
