@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from agent.model import Connection, TokenRecord, format_time
+from agent.cluster_objects import Connection, TokenRecord, format_time
 from agent.outcomes import Issued, Outcome, Refused
 from agent.retry_policy import DEFAULT_POLICY, RetryPolicy, step
 

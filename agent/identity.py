@@ -19,8 +19,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
+from agent.cluster_objects import parse_time
 from agent.kube import resources
-from agent.model import parse_time
 from kubeapi import KubeClient
 
 log = logging.getLogger(__name__)

@@ -30,6 +30,14 @@ from agent import decide
 from agent import landscape as landscape_rules
 from agent import report as reports
 from agent.broker_client import BrokerClient
+from agent.cluster_objects import (
+    HANDED_OVER_ANNOTATION,
+    Connection,
+    ConnectionState,
+    KymaView,
+    TokenRecord,
+    fingerprint,
+)
 from agent.decide import (
     Action,
     Observed,
@@ -44,14 +52,6 @@ from agent.kube import resources
 from agent.kube import secret as secret_io
 from agent.kube.events import EventReason, event_type
 from agent.metrics import AgentMetrics
-from agent.model import (
-    HANDED_OVER_ANNOTATION,
-    Connection,
-    ConnectionState,
-    KymaView,
-    TokenRecord,
-    fingerprint,
-)
 from agent.outcomes import Accepted, Issued, Outcome, Refused, ReportOutcome, Temporary
 from agent.retry_policy import RandomSource, RetryPolicy, jittered, next_delay
 from agent.settings import AgentSettings, ModuleSignal

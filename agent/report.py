@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from agent.model import Connection, ConnectionState, TokenRecord, format_time
+from agent.cluster_objects import Connection, ConnectionState, TokenRecord, format_time
 from agent.retry_policy import RandomSource, RetryPolicy, jittered, next_delay
 
 NOT_FOUND = "NotFound"

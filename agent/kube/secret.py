@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from agent.kube import resources
-from agent.model import (
+from agent.cluster_objects import (
     COMPASS_RUNTIME_ID_ANNOTATION,
     CONNECTION_SEEN_ANNOTATION,
     EXPIRES_AT_ANNOTATION,
@@ -23,6 +22,7 @@ from agent.model import (
     MANAGED_BY_VALUE,
     format_time,
 )
+from agent.kube import resources
 from agent.outcomes import Issued
 from kubeapi import JSON, Conflict, KubeClient
 

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from agent import decide
+from agent.cluster_objects import Connection, TokenRecord, format_time
 from agent.decide import (
     Action,
     Observed,
@@ -22,7 +23,6 @@ from agent.decide import (
     reporting_allowed,
     revocation_after,
 )
-from agent.model import Connection, TokenRecord, format_time
 from agent.outcomes import Issued, Refused, Temporary
 from agent.retry_policy import RetryPolicy
 

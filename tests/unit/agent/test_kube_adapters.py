@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import httpx
 
+from agent.cluster_objects import TokenRecord
 from agent.kube.secret import (
     WriteResult,
     delete_managed_secret,
@@ -17,7 +18,6 @@ from agent.kube.secret import (
     differs,
     write_secret,
 )
-from agent.model import TokenRecord
 from agent.outcomes import Issued
 from kubeapi import ClusterAccess, KubeClient
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.model import Connection, TokenRecord
+from agent.cluster_objects import Connection, TokenRecord
 from agent.report import (
     MAX_BODY_BYTES,
     MAX_ERROR_CHARS,

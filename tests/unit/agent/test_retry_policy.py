@@ -99,7 +99,7 @@ def test_parse_retry_after(header: str | None, expected: float | None) -> None:
 
 def test_module_imports_no_io_libraries() -> None:
     code = (
-        "import sys, agent.retry_policy, agent.decide, agent.model, agent.outcomes; "
+        "import sys, agent.retry_policy, agent.decide, agent.cluster_objects, agent.outcomes; "
         "bad = [m for m in ('httpx', 'kubernetes') if m in sys.modules]; "
         "print(','.join(bad))"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from agent.model import (
+from agent.cluster_objects import (
     COMPASS_RUNTIME_ID_ANNOTATION,
     EXPIRES_AT_ANNOTATION,
     ISSUED_AT_ANNOTATION,
