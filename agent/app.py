@@ -20,11 +20,11 @@ from datetime import UTC, datetime
 import httpx
 
 from agent.broker_client import BrokerClient, tls_context
+from agent.discovery import CONFIGMAP_NAME
 from agent.health import HealthServer
 from agent.identity import Identity, MtlsIdentity, ServiceAccountIdentity, token_requester
 from agent.kube import resources
 from agent.kube.events import COMPONENT
-from agent.landscape import CONFIGMAP_NAME
 from agent.metrics import AgentMetrics
 from agent.reconcile import Reconciler
 from agent.retry_policy import RandomSource, next_delay

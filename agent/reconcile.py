@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from agent import decide
-from agent import landscape as landscape_rules
+from agent import decide, discovery
 from agent import report as reports
 from agent.broker_client import BrokerClient
 from agent.cluster_objects import (
@@ -118,7 +117,7 @@ class Reconciler:
         self._pull_streak = 0
         self._last_connection_state: str | None = None
         self.last_plan: Plan | None = None
-        self.landscape_problems: tuple[str, ...] = ()
+        self.discovery_problems: tuple[str, ...] = ()
         self._unreachable_streak = 0  # broker attempts in a row that got no HTTP answer
         self._unanswered_reason = ""
         self.turns = 0
@@ -140,10 +139,10 @@ class Reconciler:
         enabled = (
             ModuleSignal.KYMA_SPEC in s.module_signals and bool(kyma and kyma.module_in_spec)
         ) or (ModuleSignal.APPLICATIONCONNECTOR_CR in s.module_signals and bool(connectors))
-        landscape = await self._landscape(kyma)
-        if landscape.broker is not None:
-            self._broker.point_at(landscape.broker.value)
-        runtime_id = landscape.runtime_id.value if landscape.runtime_id else None
+        discovered = await self._discover(kyma)
+        if discovered.broker is not None:
+            self._broker.point_at(discovered.broker.value)
+        runtime_id = discovered.runtime_id.value if discovered.runtime_id else None
         secret_raw = await secret_io.read_secret(
             self._kube, namespace=s.namespace, name=s.secret_name
         )
@@ -163,10 +162,10 @@ class Reconciler:
                 runtime_id=runtime_id,
                 kyma=kyma,
                 application_connectors=connectors,
-                broker_url=landscape.broker.value if landscape.broker else None,
+                broker_url=discovered.broker.value if discovered.broker else None,
             ),
             kyma_deleting=bool(kyma and kyma.deleting),
-            broker_known=landscape.broker is not None,
+            broker_known=discovered.broker is not None,
             last_refusal=self._refusal,
             last_pull_at=self._last_pull_at,
             pull_streak=self._pull_streak,
@@ -174,17 +173,17 @@ class Reconciler:
         )
         return Gathered(observed=observed, kyma=kyma)
 
-    async def _landscape(self, kyma: KymaView | None) -> landscape_rules.Landscape:
+    async def _discover(self, kyma: KymaView | None) -> discovery.Discovered:
         s = self._settings
         configmap = await self._kube.get_or_none(
-            f"{resources.configmaps(s.namespace)}/{landscape_rules.CONFIGMAP_NAME}"
+            f"{resources.configmaps(s.namespace)}/{discovery.CONFIGMAP_NAME}"
         )
         webhook = None
         if s.broker_base is None and s.broker_url_template:
             webhook = await self._kube.get_or_none(
-                f"{resources.deployments(s.namespace)}/{landscape_rules.SKR_WEBHOOK_NAME}"
+                f"{resources.deployments(s.namespace)}/{discovery.SKR_WEBHOOK_NAME}"
             )
-        found = landscape_rules.resolve(
+        found = discovery.resolve(
             env_broker_url=s.broker_base,
             env_runtime_id=s.runtime_id,
             url_template=s.broker_url_template,
@@ -192,10 +191,10 @@ class Reconciler:
             skr_webhook=webhook,
             kyma_runtime_id=kyma.runtime_id if kyma else None,
         )
-        if found.problems != self.landscape_problems:
+        if found.problems != self.discovery_problems:
             for problem in found.problems:
                 log.warning("landscape source not used", extra={"problem": problem})
-        self.landscape_problems = found.problems
+        self.discovery_problems = found.problems
         return found
 
     async def _application_connectors(self) -> list[str]:
@@ -390,7 +389,7 @@ class Reconciler:
         if plan is None:
             return False, "no reconcile turn yet"
         if plan.reason is Reason.NO_BROKER_URL:
-            problems = "; ".join(self.landscape_problems)
+            problems = "; ".join(self.discovery_problems)
             return False, "broker URL unknown" + (f" ({problems})" if problems else "")
         if self._unreachable_streak >= UNREACHABLE_AFTER:
             return False, (

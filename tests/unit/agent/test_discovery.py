@@ -1,4 +1,4 @@
-"""`agent.landscape.resolve`: where the broker is and which runtime this is, source by source."""
+"""`agent.discovery.resolve`: where the broker is and which runtime this is, source by source."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from agent.landscape import Found, Source, resolve, url_from_kcp_address
+from agent.discovery import Found, Source, resolve, url_from_kcp_address
 
 TEMPLATE = "https://compass-broker.{kcp_domain}"
 

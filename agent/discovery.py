@@ -51,7 +51,7 @@ class Found:
 
 
 @dataclass(frozen=True)
-class Landscape:
+class Discovered:
     """What the agent found; `problems` say why a source that was there was not used."""
 
     broker: Found | None
@@ -111,7 +111,7 @@ def resolve(
     configmap: Mapping[str, Any] | None,
     skr_webhook: Mapping[str, Any] | None,
     kyma_runtime_id: str | None,
-) -> Landscape:
+) -> Discovered:
     problems: list[str] = []
     data = configmap_data(configmap)
     broker: Found | None = None
@@ -138,4 +138,4 @@ def resolve(
         runtime = Found(data[RUNTIME_ID_KEY], Source.CONFIGMAP)
     elif env_runtime_id:
         runtime = Found(env_runtime_id, Source.ENVIRONMENT)
-    return Landscape(broker=broker, runtime_id=runtime, problems=tuple(problems))
+    return Discovered(broker=broker, runtime_id=runtime, problems=tuple(problems))
