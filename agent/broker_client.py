@@ -272,7 +272,7 @@ class BrokerClient:
         return outcome_of(answer, now=self._clock())
 
     async def report(self, runtime_id: str, body: bytes) -> ReportOutcome:
-        """One connection report (`agent.report` builds the body); never retried here."""
+        """One connection report (`agent.connection_report` builds the body); never retried here."""
         answer = await self._post(runtime_id, "connection", body)
         if isinstance(answer, Temporary):
             return answer

@@ -9,11 +9,11 @@ the next connection report or the resync period — never a hot loop; metrics an
 recorded here only; tokens are never logged.
 
 Connection reports ride on the same loop: each turn builds the report from what it just read
-(`agent.report`) and, when reports are allowed by the plan and one is due, starts it as a task
-of its own next to the token request — so a report never waits for a pull, a pull never waits
+(`agent.connection_report`) and, when reports are allowed by the plan and one is due, starts it as a
+task of its own next to the token request — so a report never waits for a pull, a pull never waits
 for a report, and the report's deadline only shortens the loop's sleep. Reports need the very
-objects each turn reads anyway, and they stop and start with the plan (module disabled,
-revoked, not the lease holder) without a second loop deciding the same things.
+objects each turn reads anyway, and they stop and start with the plan (module disabled, revoked, not
+the lease holder) without a second loop deciding the same things.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from agent import decide, discovery
-from agent import report as reports
+from agent import connection_report, decide, discovery
 from agent.broker_client import BrokerClient
 from agent.cluster_objects import (
     HANDED_OVER_ANNOTATION,
@@ -109,7 +108,7 @@ class Reconciler:
         self._pull_action = Action.PULL  # what the task in `_pull` does: PULL or RECHECK
         self._storing_token = False  # the task in `_pull` holds an issued token and writes it
         self._report: asyncio.Task[None] | None = None
-        self._schedule = reports.Schedule()
+        self._schedule = connection_report.Schedule()
         self._revocation: Revocation | None = None
         self._report_refusal: ReportRefusal | None = None
         self._refusal: Refusal | None = None
@@ -339,8 +338,10 @@ class Reconciler:
             return NEVER
         if self._report is not None and not self._report.done():
             return NEVER
-        report = reports.build_report(observed.connection, observed.secret, now=observed.now)
-        due = reports.due_at(self._schedule, report.key, now=observed.now)
+        report = connection_report.build_report(
+            observed.connection, observed.secret, now=observed.now
+        )
+        due = connection_report.due_at(self._schedule, report.key, now=observed.now)
         if due > observed.now:
             return (due - observed.now).total_seconds()
         assert observed.runtime_id is not None  # reports are allowed only with a runtime ID
@@ -457,7 +458,7 @@ class Reconciler:
             )
             return
         # Reports start afresh once the runtime is back, so the control plane hears at once.
-        self._schedule = reports.Schedule()
+        self._schedule = connection_report.Schedule()
         detail = self._revocation.detail[:DETAIL_CHARS]
         log.warning(
             "the control plane revoked this runtime",
@@ -514,7 +515,7 @@ class Reconciler:
         )
 
     async def _send_report(
-        self, runtime_id: str, report: reports.ConnectionReport, kyma: KymaView | None
+        self, runtime_id: str, report: connection_report.ConnectionReport, kyma: KymaView | None
     ) -> None:
         try:
             outcome = await self._broker.report(runtime_id, report.body())
@@ -526,7 +527,7 @@ class Reconciler:
                     self._report_refusal = None
                 if report.key != self._schedule.accepted:
                     log.info("connection reported", extra={"state": report.connection_state})
-                self._schedule = reports.after_accepted(
+                self._schedule = connection_report.after_accepted(
                     report.key,
                     now=now,
                     interval=self._settings.report_interval_seconds,
@@ -579,7 +580,7 @@ class Reconciler:
         detail: str = "",
     ) -> None:
         now = self._clock()
-        self._schedule = reports.after_failure(
+        self._schedule = connection_report.after_failure(
             self._schedule, now=now, policy=self._policy, retry_after=retry_after, rng=self._rng
         )
         again_at = self._schedule.not_before or now

@@ -1,7 +1,7 @@
 """The agent package's public names are exactly the intended ones, and the pure modules stay
-pure: decide, retry_policy, cluster_objects, outcomes, report and discovery import no HTTP
-client, no Kubernetes client and no adapter (`agent.kube`, `kubeapi`), so they can be reasoned
-about and benchmarked without I/O."""
+pure: decide, retry_policy, cluster_objects, outcomes, connection_report and discovery import
+no HTTP client, no Kubernetes client and no adapter (`agent.kube`, `kubeapi`), so they can be
+reasoned about and benchmarked without I/O."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import agent
 
 PKG = Path(__file__).resolve().parents[3] / "agent"
-PURE = ["decide", "retry_policy", "cluster_objects", "outcomes", "report", "discovery"]
+PURE = ["decide", "retry_policy", "cluster_objects", "outcomes", "connection_report", "discovery"]
 FORBIDDEN = ("httpx", "kubernetes", "kubeapi", "agent.kube", "agent.app", "agent.broker_client")
 
 
@@ -63,7 +63,7 @@ def test_importing_the_package_and_pure_modules_loads_no_io_library() -> None:
     # A fresh interpreter: what the imports pull in transitively, not only what they name.
     code = (
         "import sys, agent, agent.decide, agent.retry_policy, agent.cluster_objects, "
-        "agent.outcomes, agent.report, agent.discovery; "
+        "agent.outcomes, agent.connection_report, agent.discovery; "
         "print(','.join(sorted(m for m in sys.modules "
         "if m.split('.')[0] in ('httpx', 'kubernetes', 'kubeapi') or m.startswith('agent.kube'))))"
     )

@@ -1,5 +1,6 @@
-"""`agent.report`: connection reports built from any CompassConnection (hostile ones too), their
-body as the contract has it, and when they are due (change, heartbeat, jitter, backoff)."""
+"""`agent.connection_report`: connection reports built from any CompassConnection (hostile ones
+too), their body as the contract has it, and when they are due (change, heartbeat, jitter,
+backoff)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.cluster_objects import Connection, TokenRecord
-from agent.report import (
+from agent.connection_report import (
     MAX_BODY_BYTES,
     MAX_ERROR_CHARS,
     NOT_FOUND,
