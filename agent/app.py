@@ -24,7 +24,7 @@ from agent.discovery import CONFIGMAP_NAME
 from agent.health import HealthServer
 from agent.identity import Identity, MtlsIdentity, ServiceAccountIdentity, token_requester
 from agent.kube import resources
-from agent.kube.events import COMPONENT
+from agent.kube.event_reasons import COMPONENT
 from agent.metrics import AgentMetrics
 from agent.reconcile import Reconciler
 from agent.retry_policy import RandomSource, next_delay

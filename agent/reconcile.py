@@ -48,7 +48,7 @@ from agent.decide import (
 )
 from agent.kube import resources
 from agent.kube import secret as secret_io
-from agent.kube.events import EventReason, event_type
+from agent.kube.event_reasons import EventReason, event_type
 from agent.metrics import AgentMetrics
 from agent.outcomes import Accepted, Issued, Outcome, Refused, ReportOutcome, Temporary
 from agent.retry_policy import RandomSource, RetryPolicy, jittered, next_delay
