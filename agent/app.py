@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 import httpx
 
 from agent.broker_client import BrokerClient, tls_context
+from agent.credentials import Identity, MtlsIdentity, ServiceAccountIdentity, token_requester
 from agent.discovery import CONFIGMAP_NAME
 from agent.health import HealthServer
-from agent.identity import Identity, MtlsIdentity, ServiceAccountIdentity, token_requester
 from agent.kube import resources
 from agent.kube.event_reasons import COMPONENT
 from agent.metrics import AgentMetrics

@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result, stop_never
 from tenacity.wait import wait_base
 
-from agent.identity import Identity, IdentityError
+from agent.credentials import Identity, IdentityError
 from agent.outcomes import Accepted, Issued, Outcome, Refused, ReportOutcome, Temporary
 from agent.retry_policy import RandomSource, RetryPolicy, next_delay, parse_retry_after
 from kubeapi import describe_transport_error

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from agent.broker_client import BrokerClient
-from agent.identity import IdentityError, ServiceAccountIdentity
+from agent.credentials import IdentityError, ServiceAccountIdentity
 from agent.outcomes import Accepted, Issued, Outcome, Refused, Temporary
 from agent.retry_policy import Jitter, RetryPolicy
 

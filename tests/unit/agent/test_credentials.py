@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from agent.identity import IdentityError, MtlsIdentity
+from agent.credentials import IdentityError, MtlsIdentity
 
 
 def self_signed(common_name: str) -> tuple[bytes, bytes]:

@@ -1,4 +1,8 @@
-"""How the agent proves which cluster it runs in, for the `Authorization` header.
+"""The credentials the agent presents to the broker: how it proves which cluster it runs in.
+
+The other side, checking them, is the broker's `identity` package. Here the agent only reads
+and presents its own: a ServiceAccount token for the `Authorization` header, or a client
+certificate on the connection.
 
 Always holds: the projected ServiceAccount token file is re-read for every request, because
 the kubelet rotates it; only without that file (outside a pod) does the agent ask the
