@@ -11,12 +11,12 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from agent.__main__ import main
-    from agent.app import Agent
+    from agent.process import Agent
     from agent.settings import AgentSettings
 
 __all__ = ["Agent", "AgentSettings", "main"]
 
-_HOMES = {"Agent": "agent.app", "AgentSettings": "agent.settings", "main": "agent.__main__"}
+_HOMES = {"Agent": "agent.process", "AgentSettings": "agent.settings", "main": "agent.__main__"}
 
 
 def __getattr__(name: str) -> object:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from agent.app import Agent
+from agent.process import Agent
 from agent.settings import AgentSettings
 from kubeapi import KubeconfigError
 from observability import logs

@@ -1,6 +1,6 @@
 """One runtime's hand-over, end to end, in one process: the Compass simulator with its
 certificate-secured side (`devenv.compass_sim.mtls`), a broker that answers the agent's token
-requests with real Director one-time tokens, and our agent (`agent.app.Agent`) on the caller's
+requests with real Director one-time tokens, and our agent (`agent.process.Agent`) on the caller's
 event loop, all against a runtime API server the caller started. Whichever compass-runtime-agent
 (the real one, `devenv.runtime_agent.RealRuntimeAgent`, or `devenv.runtime_agent_sim`) the
 caller runs against the same cluster reads the Secret our agent writes.
@@ -27,7 +27,7 @@ from typing import Any, Self, cast
 import httpx
 from kubernetes.client.exceptions import ApiException
 
-from agent.app import Agent
+from agent.process import Agent
 from agent.settings import AgentSettings
 from devenv.clusters import TestCluster, free_port
 from devenv.compass_sim import CompassSimulator, SimConfig

@@ -2,7 +2,7 @@
 
 `agent_env` gives each test its own namespace (as the agent's `kyma-system`), helpers to shape
 the Kyma CR, ApplicationConnector CRs and the cluster-scoped CompassConnection, and `start()`
-to run an `agent.app.Agent` on the test's event loop; every agent started is stopped (and
+to run an `agent.process.Agent` on the test's event loop; every agent started is stopped (and
 awaited) at teardown, and the CompassConnection is removed so tests stay independent.
 `FakeBroker` is a scripted HTTP broker on a free loopback port for the failure-timing tests
 (optionally behind TLS that requires a client certificate, recording each caller's CN);
@@ -29,7 +29,7 @@ import httpx
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agent.app import Agent, Overrides
+from agent.process import Agent, Overrides
 from agent.settings import AgentSettings
 from devenv import pki
 from devenv.clusters import TestCluster, free_port

@@ -10,8 +10,8 @@ from itertools import pairwise
 
 import httpx
 
-from agent.app import Overrides
 from agent.cluster_objects import EXPIRES_AT_ANNOTATION, ISSUED_AT_ANNOTATION
+from agent.process import Overrides
 from kubeapi import access_from_kubeconfig_file
 from tests.integration.agent.conftest import (
     AgentEnv,

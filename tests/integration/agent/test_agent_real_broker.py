@@ -11,7 +11,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from agent.app import Overrides
+from agent.process import Overrides
 from devenv.clusters import TestCluster
 from devenv.compass_sim import DownMode
 from tests.integration.agent.conftest import AgentEnv, RecordingTransport, eventually

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from agent.app import Agent, Overrides
+from agent.process import Agent, Overrides
 from tests.integration.agent.conftest import (
     AgentEnv,
     FakeBroker,

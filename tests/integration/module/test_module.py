@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.app import Agent
+from agent.process import Agent
 from devenv import kyma_module as km
 from devenv.clusters import Binaries, TestCluster
 from kubeapi import KubeClient, KubeRejected, access_from_kubeconfig_file

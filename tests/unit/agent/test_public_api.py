@@ -17,7 +17,7 @@ import agent
 
 PKG = Path(__file__).resolve().parents[3] / "agent"
 PURE = ["decide", "retry_policy", "cluster_objects", "outcomes", "connection_report", "discovery"]
-FORBIDDEN = ("httpx", "kubernetes", "kubeapi", "agent.kube", "agent.app", "agent.broker_client")
+FORBIDDEN = ("httpx", "kubernetes", "kubeapi", "agent.kube", "agent.process", "agent.broker_client")
 
 
 def test_public_names_are_the_intended_ones() -> None:

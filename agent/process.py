@@ -1,4 +1,5 @@
-"""Wires the agent together from its settings and runs it until asked to stop.
+"""The agent process: wires the agent together from its settings and runs it until asked to stop
+(its watches, lease, reconcile loop, and the health and metrics server).
 
 Always holds: one KubeClient and one BrokerClient per process, created here and closed here;
 the informers (watches that only wake the reconcile loop), the leader elector, the health
