@@ -3,7 +3,7 @@ leader election and Events, on httpx (no official client, no exec plugins).
 
 Public names are `__all__` and nothing else; the modules behind them are the layer's own:
 
-- `errors`: the error tree (`KubeError` and its subclasses, `KubeconfigError`);
+- `kube_errors`: the error tree (`KubeError` and its subclasses, `KubeconfigError`);
 - `config`: `ClusterAccess` and its loaders (an untrusted kubeconfig, one's own, in-cluster);
 - `client`: `KubeClient` (verbs, paging, watch) with `Listing` and `WatchEvent`;
 - `informer`: `Informer[T]`, list + watch into a store;
@@ -20,7 +20,9 @@ from kubeapi.config import (
     in_cluster_access,
     load_access,
 )
-from kubeapi.errors import (
+from kubeapi.events import EventRecorder, ObjectRef
+from kubeapi.informer import Informer
+from kubeapi.kube_errors import (
     Conflict,
     Gone,
     KubeconfigError,
@@ -29,8 +31,6 @@ from kubeapi.errors import (
     KubeUnavailable,
     NotFound,
 )
-from kubeapi.events import EventRecorder, ObjectRef
-from kubeapi.informer import Informer
 from kubeapi.lease import LeaderElector
 from kubeapi.transport import describe_transport_error
 

@@ -4,16 +4,16 @@ Paths are absolute API paths (`/api/v1/namespaces/x/secrets/y`). Verbs: `get` (r
 NotFound), `get_or_none`, `list` (follows `limit`/`continue` pages itself), `create`,
 `replace`, `merge_patch`, `json_patch`, `delete`, `watch` (an async iterator of events).
 
-Always holds: every failure leaves as a `KubeError` subclass (see `kubeapi.errors`), made in one
-place (`_translated` for what httpx raises, `_decode` for what the server answered): a
-transport error, a body that is not a JSON object, a list without an `items` list, a watch
-line that is not a JSON event, an ERROR event — never a ValueError, KeyError or TypeError;
-answers and watch lines are bounded in size (`max_body_bytes`); `on_request(verb, status)` is
-called once for every request sent (status None when none came back), so callers can count
-API-server requests; at most `max_connections` requests are in flight (the rest wait in a
-semaphore, not in httpcore's pool), and watches hold connections of their own;
-environment proxies and `.netrc` are ignored (where we connect is the kubeconfig's business);
-the bearer token is asked of `ClusterAccess.bearer()` per request, so rotated files are used.
+Always holds: every failure leaves as a `KubeError` subclass (see `kubeapi.kube_errors`), made in
+one place (`_translated` for what httpx raises, `_decode` for what the server answered): a transport
+error, a body that is not a JSON object, a list without an `items` list, a watch line that is not a
+JSON event, an ERROR event — never a ValueError, KeyError or TypeError; answers and watch lines are
+bounded in size (`max_body_bytes`); `on_request(verb, status)` is called once for every request sent
+(status None when none came back), so callers can count API-server requests; at most
+`max_connections` requests are in flight (the rest wait in a semaphore, not in httpcore's pool), and
+watches hold connections of their own; environment proxies and `.netrc` are ignored (where we
+connect is the kubeconfig's business); the bearer token is asked of `ClusterAccess.bearer()` per
+request, so rotated files are used.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from kubeapi.config import ClusterAccess
-from kubeapi.errors import Gone, KubeUnavailable, NotFound, error_for_status
+from kubeapi.kube_errors import Gone, KubeUnavailable, NotFound, error_for_status
 from kubeapi.transport import describe_transport_error
 
 JSON = dict[str, Any]

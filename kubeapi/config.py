@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 import yaml
 
-from kubeapi.errors import KubeconfigError, KubeUnavailable
+from kubeapi.kube_errors import KubeconfigError, KubeUnavailable
 
 IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MAX_KUBECONFIG_CHARS = 1 << 20  # real kubeconfigs are a few KiB; this bounds YAML work

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from kubeapi.client import JSON, KubeClient
-from kubeapi.errors import NotFound
+from kubeapi.kube_errors import NotFound
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Generic, TypeVar
 
 from kubeapi.client import JSON, KubeClient, WatchEvent
-from kubeapi.errors import Gone, KubeError, NotFound
+from kubeapi.kube_errors import Gone, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubeapi.client import JSON, KubeClient
-from kubeapi.errors import Conflict, KubeError
+from kubeapi.kube_errors import Conflict, KubeError
 
 log = logging.getLogger(__name__)
 

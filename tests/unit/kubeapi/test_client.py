@@ -21,7 +21,7 @@ from kubeapi import (
     NotFound,
 )
 from kubeapi.client import _decode, _watch_event
-from kubeapi.errors import error_for_status
+from kubeapi.kube_errors import error_for_status
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

@@ -1,4 +1,6 @@
-"""The errors of the Kubernetes layer, in one tree.
+"""The errors of the Kubernetes layer, in one tree: what the agent and the broker's adapters
+catch (the broker's request path has its own tree, `control_plane_broker.errors`, into which its
+adapters translate these).
 
     KubeError(message, *, status=None)   anything that went wrong talking to an API server
     ├── KubeUnavailable   transport failure, 5xx, 429, an answer that is not what the API
