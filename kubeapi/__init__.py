@@ -8,7 +8,7 @@ Public names are `__all__` and nothing else; the modules behind them are the lay
 - `client`: `KubeClient` (verbs, paging, watch) with `Listing` and `WatchEvent`;
 - `informer`: `Informer[T]`, list + watch into a store;
 - `lease`: `LeaderElector`;
-- `events`: `EventRecorder` and `ObjectRef`;
+- `event_recorder`: `EventRecorder` and `ObjectRef`;
 - `transport`: `describe_transport_error`, what a failed request says about server and cause.
 """
 
@@ -20,7 +20,7 @@ from kubeapi.config import (
     in_cluster_access,
     load_access,
 )
-from kubeapi.events import EventRecorder, ObjectRef
+from kubeapi.event_recorder import EventRecorder, ObjectRef
 from kubeapi.informer import Informer
 from kubeapi.kube_errors import (
     Conflict,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import kubeapi
-from kubeapi.events import truncate_utf8
+from kubeapi.event_recorder import truncate_utf8
 from kubeapi.informer import changed_names
 from kubeapi.lease import LeaseRecord, held_by_other, lease_spec, micro_time
 

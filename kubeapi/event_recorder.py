@@ -1,4 +1,4 @@
-"""Kubernetes Events (core/v1), aggregated as client-go's recorder does.
+"""`EventRecorder`: writes Kubernetes Events (core/v1), aggregated as client-go's recorder does.
 
 The same event again — same involved object (by uid, else kind/namespace/name), type, reason
 and message — within `window` seconds of its last occurrence does not make a new Event: the
