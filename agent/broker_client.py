@@ -175,11 +175,12 @@ def _not_done(response: httpx.Response, *, now: datetime) -> Refused | Temporary
 class _BackoffWait(wait_base):
     """tenacity wait that asks THE retry policy, with the server's Retry-After.
 
-    One per pull. The exponential step counts only the attempts in a row that ended without a
-    Retry-After: an answer that said when to come back was the server spacing its callers, not
-    a failure to reach it. Counting it would send an agent whose first timeout follows a long
-    run of 503s (every one obeyed) to the cap at once: after an outage, a few agents of a fleet
-    then waited minutes for a broker that had long been free."""
+    Holds: one per pull; the exponential step counts only the attempts in a row that ended
+    without a Retry-After (an answer that said when to come back was the server spacing its
+    callers, not a failure to reach it), so a timeout after a long run of obeyed 503s starts
+    again at the base, not at the cap.
+
+    Why: docs/design/0040-agent-backoff-counts-only-unguided-failures.md"""
 
     def __init__(self, policy: RetryPolicy, rng: RandomSource | None) -> None:
         self._policy = policy
