@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from control_plane_broker.backoff import backoff
 from control_plane_broker.connections import report_rules
 from control_plane_broker.connections.report_service import report_limits
 from control_plane_broker.director.classification import DirectorFailed, DirectorPermanent
@@ -44,7 +45,6 @@ from control_plane_broker.registration.service import (
     RegistrationService,
 )
 from control_plane_broker.registration.state import Mapping
-from control_plane_broker.retry import backoff
 from control_plane_broker.settings import Settings
 from kubeapi import Conflict, Informer, KubeError
 

@@ -12,15 +12,3 @@ Jitter = Callable[[], float]  # returns a number in [0, 1)
 def retry_after_seconds(base: float, *, jitter_max: float, rand: Jitter = random.random) -> int:
     """Whole seconds (the header's unit), at least 1, base rounded up plus up to `jitter_max`."""
     return max(1, math.ceil(max(0.0, base) + rand() * max(0.0, jitter_max)))
-
-
-Delay = Callable[[int], float]  # failures so far (1-based) → seconds to wait
-
-
-def backoff(failures: int, *, base: float = 1.0, cap: float = 300.0) -> float:
-    """Exponential backoff for the broker's own loops (watches, reconcile retries, restarts)."""
-    return float(min(cap, base * 2 ** max(0, failures - 1)))
-
-
-def watch_backoff(failures: int) -> float:
-    return backoff(failures, base=0.5, cap=30.0)

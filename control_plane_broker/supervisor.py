@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from control_plane_broker.retry import backoff
+from control_plane_broker.backoff import backoff
 
 log = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ from control_plane_broker.api.access import AccessLog
 from control_plane_broker.api.app import Health, create_app
 from control_plane_broker.api.door import Door
 from control_plane_broker.api.server import bind, build_server
+from control_plane_broker.backoff import watch_backoff
 from control_plane_broker.connections.report_rules import fleet
 from control_plane_broker.connections.report_service import ConnectionReporter
 from control_plane_broker.director.client import DirectorClient
@@ -60,7 +61,6 @@ from control_plane_broker.metrics import Metrics
 from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
 from control_plane_broker.registration.service import Hook, RegistrationService
 from control_plane_broker.registration.state import Mapping
-from control_plane_broker.retry import watch_backoff
 from control_plane_broker.revocation.deny_list_file import DenyListFile
 from control_plane_broker.revocation.revocation_gate import RevocationGate
 from control_plane_broker.settings import DirectorCredentials, Settings, load_director_credentials

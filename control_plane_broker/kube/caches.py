@@ -7,9 +7,9 @@ is treated as absent, and the informer goes on.
 
 from __future__ import annotations
 
+from control_plane_broker.backoff import Delay
 from control_plane_broker.kyma import KYMA_GROUP, KYMA_VERSION, MAPPING_VERSION, KymaView
 from control_plane_broker.registration.state import Mapping
-from control_plane_broker.retry import Delay
 from kubeapi import KubeClient
 from kubeapi.informer import Informer
 

@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from control_plane_broker import circuit_breaker as cb
+from control_plane_broker.backoff import backoff
 from control_plane_broker.director.client import DirectorClient
 from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
@@ -39,7 +40,6 @@ from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.registration.service import RegistrationService
 from control_plane_broker.registration.state import Mapping
-from control_plane_broker.retry import backoff
 from control_plane_broker.settings import Settings, load_director_credentials
 from control_plane_broker.supervisor import Supervisor
 from control_plane_broker.wiring import cache_fresh

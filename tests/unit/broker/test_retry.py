@@ -1,10 +1,10 @@
-"""Retry-After and backoff (`retry`)."""
+"""Retry-After in whole seconds with jitter (`retry`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from control_plane_broker.retry import backoff, retry_after_seconds
+from control_plane_broker.retry import retry_after_seconds
 
 
 @pytest.mark.parametrize(
@@ -15,7 +15,3 @@ def test_retry_after_is_whole_seconds_with_jitter(
     base: float, jitter: float, rand: float, expected: int
 ) -> None:
     assert retry_after_seconds(base, jitter_max=jitter, rand=lambda: rand) == expected
-
-
-def test_backoff_doubles_up_to_cap() -> None:
-    assert [backoff(n, base=1, cap=5) for n in (1, 2, 3, 4)] == [1, 2, 4, 5]
