@@ -29,7 +29,6 @@ from control_plane_broker.director.classification import (
     DirectorTenantUnknown,
 )
 from control_plane_broker.director.client import DirectorApi
-from control_plane_broker.director.guard import CallerPresent, DirectorGuard
 from control_plane_broker.errors import (
     CallerGone,
     CompassFailed,
@@ -42,8 +41,9 @@ from control_plane_broker.errors import (
 from control_plane_broker.identity.verifier import Verifier
 from control_plane_broker.kyma import LABEL_SUBACCOUNT, KymaView
 from control_plane_broker.mapping_status import StatusRecorder
+from control_plane_broker.overload.director_limiter import CallerPresent, DirectorGuard
+from control_plane_broker.overload.rate_limit import RateLimiter
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
-from control_plane_broker.ratelimit import RateLimiter
 from control_plane_broker.registration import state
 from control_plane_broker.registration.service import Registered, RegistrationService
 from control_plane_broker.revocation.revocation_gate import RevocationGate

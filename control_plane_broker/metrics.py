@@ -14,7 +14,7 @@ from control_plane_broker.connections.fleet_gauges import FleetCollector
 
 if TYPE_CHECKING:  # the registration package imports this module: no import back at run time
     from control_plane_broker.connections.report_rules import Fleet
-    from control_plane_broker.director.admission import GuardSnapshot
+    from control_plane_broker.overload.capacity_schedule import GuardSnapshot
 
 
 class Metrics:

@@ -32,16 +32,14 @@ import certifi
 import httpx
 from starlette.types import ASGIApp
 
-from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.api.access import AccessLog
 from control_plane_broker.api.app import Health, create_app
-from control_plane_broker.api.door import Door
+from control_plane_broker.api.first_contact_middleware import Door
 from control_plane_broker.api.server import bind, build_server
 from control_plane_broker.backoff import watch_backoff
 from control_plane_broker.connections.report_rules import fleet
 from control_plane_broker.connections.report_service import ConnectionReporter
 from control_plane_broker.director.client import DirectorClient
-from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
 from control_plane_broker.enrolment.enrolment_service import EnrolmentVerifier
 from control_plane_broker.errors import FirstContactsBusy
@@ -58,7 +56,9 @@ from control_plane_broker.kyma import KymaView
 from control_plane_broker.kyma_reconciler import KymaReconciler
 from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
+from control_plane_broker.overload import circuit_breaker as cb
+from control_plane_broker.overload.director_limiter import DirectorGuard
+from control_plane_broker.overload.rate_limit import BucketPolicy, RateLimiter
 from control_plane_broker.registration.service import Hook, RegistrationService
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.revocation.deny_list_file import DenyListFile

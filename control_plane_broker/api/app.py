@@ -32,16 +32,16 @@ from pydantic import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control_plane_broker.api.access import AccessLog, note_problem, upstream_cause
-from control_plane_broker.api.door import leave_door
+from control_plane_broker.api.first_contact_middleware import leave_door
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for, type_uri
 from control_plane_broker.connections.report_rules import Report
 from control_plane_broker.connections.report_service import ConnectionReporter
 from control_plane_broker.errors import BrokerError, InternalError, MalformedRequest
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.metrics import Metrics
+from control_plane_broker.overload.retry_after import Jitter
 from control_plane_broker.policy import RUNTIME_ID_PATTERN, RUNTIME_ID_RULE
 from control_plane_broker.registration.state import to_rfc3339
-from control_plane_broker.retry import Jitter
 from control_plane_broker.text import for_humans
 
 log = logging.getLogger("control_plane_broker.access")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from control_plane_broker.errors import BrokerError, TemporaryError
-from control_plane_broker.retry import Jitter, retry_after_seconds
+from control_plane_broker.overload.retry_after import Jitter, retry_after_seconds
 
 TYPE_PREFIX = "urn:kyma-compass-pull:broker:problem:"
 MEDIA_TYPE = "application/problem+json"

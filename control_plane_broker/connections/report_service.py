@@ -32,8 +32,8 @@ from control_plane_broker.errors import (
 from control_plane_broker.identity.verifier import Verifier
 from control_plane_broker.issuing import KymaReader
 from control_plane_broker.mapping_status import StatusRecorder
+from control_plane_broker.overload.rate_limit import RateLimiter
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
-from control_plane_broker.ratelimit import RateLimiter
 from control_plane_broker.registration.state import Mapping as MappingRecord
 from control_plane_broker.revocation.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings

@@ -12,12 +12,10 @@ from control_plane_broker.director.classification import (
     classify,
 )
 from control_plane_broker.director.client import DirectorClient
-from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
 
 __all__ = [
     "DirectorClient",
-    "DirectorGuard",
     "DirectorNotFound",
     "DirectorPermanent",
     "DirectorRetryable",

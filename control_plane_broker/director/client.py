@@ -27,8 +27,8 @@ from control_plane_broker.director.classification import (
     DirectorRetryable,
     classify,
 )
-from control_plane_broker.director.guard import CallerPresent, DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
+from control_plane_broker.overload.director_limiter import CallerPresent, DirectorGuard
 from kubeapi import describe_transport_error
 
 # httpx errors raised before any byte of the request left: nothing reached Director.

@@ -28,12 +28,12 @@ from typing import Any, TypeVar
 import httpx
 import jwt
 
-from control_plane_broker import pacing
 from control_plane_broker.capped import KIB, BodyTooLarge, read_capped
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
 from control_plane_broker.identity import claims, issuer_discovery
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.kube.runtime_access import RuntimeAccess
+from control_plane_broker.overload import first_contact_limit
 from control_plane_broker.singleflight import SingleFlight
 from kubeapi import KubeError, KubeUnavailable
 
@@ -129,7 +129,7 @@ class JwksVerifier:
                 except KubeUnavailable as exc:
                     if isinstance(exc.__cause__, httpx.TransportError):
                         self._access.note_unreachable(client)
-                        pacing.discount_hold()
+                        first_contact_limit.discount_hold()
                     raise
         except BodyTooLarge as exc:
             raise _too_large(exc) from None

@@ -46,7 +46,7 @@ from control_plane_broker.identity import claims
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.identity.verifier import Verifier
 from control_plane_broker.kyma import KymaView
-from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
+from control_plane_broker.overload.rate_limit import BucketPolicy, RateLimiter
 
 DEFAULT_PROVEN_SECONDS = 600.0  # a token without a usable expiry is remembered this long
 

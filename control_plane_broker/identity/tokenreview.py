@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 
 import httpx
 
-from control_plane_broker import pacing
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
 from control_plane_broker.identity import claims
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.kube.runtime_access import RuntimeAccess
+from control_plane_broker.overload import first_contact_limit
 from kubeapi import KubeError, KubeUnavailable
 
 TOKENREVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
@@ -76,7 +76,7 @@ class TokenReviewVerifier:
         except KubeUnavailable as exc:
             if did_not_answer(exc):
                 self._access.note_unreachable(client)
-                pacing.discount_hold()
+                first_contact_limit.discount_hold()
             raise ControlPlaneUnavailable("runtime API server unreachable", retry_after=5) from exc
         except KubeError as exc:
             raise IdentityNotProven(

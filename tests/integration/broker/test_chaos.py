@@ -26,10 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
-from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.backoff import backoff
 from control_plane_broker.director.client import DirectorClient
-from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource
 from control_plane_broker.kube.caches import kyma_informer, mapping_informer
 from control_plane_broker.kube.kyma_events import KymaEvents
@@ -38,6 +36,8 @@ from control_plane_broker.kyma import KYMA_GROUP, KYMA_VERSION, KymaView
 from control_plane_broker.kyma_reconciler import KymaReconciler
 from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
+from control_plane_broker.overload import circuit_breaker as cb
+from control_plane_broker.overload.director_limiter import DirectorGuard
 from control_plane_broker.registration.service import RegistrationService
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.settings import Settings, load_director_credentials

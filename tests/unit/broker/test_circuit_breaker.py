@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane_broker import circuit_breaker as cb
+from control_plane_broker.overload import circuit_breaker as cb
 
 POLICY = cb.BreakerPolicy(failure_threshold=3, open_seconds=10.0)
 

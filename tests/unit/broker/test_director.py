@@ -17,7 +17,6 @@ import pytest
 from graphql import build_schema, parse, validate
 from prometheus_client import generate_latest
 
-from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director import documents
 from control_plane_broker.director.answers import RuntimeRegisterInput
 from control_plane_broker.director.classification import (
@@ -28,10 +27,11 @@ from control_plane_broker.director.classification import (
     may_have_reached_director,
 )
 from control_plane_broker.director.client import MAX_PAGES, DirectorClient
-from control_plane_broker.director.guard import DirectorGuard
 from control_plane_broker.director.oauth import OAuthTokenSource, refresh_at
 from control_plane_broker.errors import CallerGone, CompassUnavailable, TurnBooked
 from control_plane_broker.metrics import Metrics
+from control_plane_broker.overload import circuit_breaker as cb
+from control_plane_broker.overload.director_limiter import DirectorGuard
 from control_plane_broker.settings import DirectorCredentials, load_director_credentials
 from control_plane_broker.singleflight import SingleFlight
 from tests.unit.broker.conditions import until

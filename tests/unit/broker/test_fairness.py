@@ -17,8 +17,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.types import Message, Receive, Scope, Send
 
-from control_plane_broker import pacing
-from control_plane_broker.api.door import Door, leave_door
+from control_plane_broker.api.first_contact_middleware import Door, leave_door
 from control_plane_broker.errors import (
     ControlPlaneUnavailable,
     FirstContactsBusy,
@@ -31,7 +30,8 @@ from control_plane_broker.identity.screening import ScreeningVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
 from control_plane_broker.kube.runtime_access import RuntimeAccess
 from control_plane_broker.kyma import KymaView
-from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
+from control_plane_broker.overload import first_contact_limit
+from control_plane_broker.overload.rate_limit import BucketPolicy, RateLimiter
 from tests.unit.broker.conditions import until
 from tests.unit.broker.test_identity_adapters import ALLOWED, World, access, bearer
 
@@ -231,12 +231,12 @@ async def test_an_api_server_that_timed_out_is_not_asked_again_for_a_while() -> 
     world.handler = stalled  # type: ignore[method-assign]
     inner, runtime_access, kcp = tokenreview(world, clock=lambda: now[0])
     discounted = []
-    token = pacing.holding(lambda: discounted.append(1))
+    token = first_contact_limit.holding(lambda: discounted.append(1))
     try:
         with pytest.raises(ControlPlaneUnavailable):
             await inner.verify(runtime_id="RT-A", headers=bearer(sa_token()))
     finally:
-        pacing.released(token)
+        first_contact_limit.released(token)
     assert discounted == [1]  # the door is told: not a measure of its pace
     for runtime_id in ("RT-A", "RT-B"):
         with pytest.raises(ControlPlaneUnavailable) as caught:
@@ -276,7 +276,7 @@ class App:
         self.leave.append(leave_door(scope))
         if runtime in self.stall:
             await self.go.wait()
-            pacing.discount_hold()  # as the identity check does after a timeout
+            first_contact_limit.discount_hold()  # as the identity check does after a timeout
 
 
 async def test_one_runtime_id_holds_at_most_its_share_of_the_door() -> None:

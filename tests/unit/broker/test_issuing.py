@@ -11,14 +11,12 @@ from typing import Any
 
 import pytest
 
-from control_plane_broker import circuit_breaker as cb
 from control_plane_broker.director.answers import OneTimeToken
 from control_plane_broker.director.classification import (
     DirectorFailed,
     DirectorPermanent,
     DirectorRetryable,
 )
-from control_plane_broker.director.guard import CallerPresent, DirectorGuard
 from control_plane_broker.errors import (
     CallerGone,
     CompassTenantUnknown,
@@ -34,7 +32,9 @@ from control_plane_broker.identity.claims import Identity
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.kyma import KymaView
 from control_plane_broker.metrics import Metrics
-from control_plane_broker.ratelimit import BucketPolicy, RateLimiter
+from control_plane_broker.overload import circuit_breaker as cb
+from control_plane_broker.overload.director_limiter import CallerPresent, DirectorGuard
+from control_plane_broker.overload.rate_limit import BucketPolicy, RateLimiter
 from control_plane_broker.registration.service import Registered
 from control_plane_broker.registration.state import Mapping as MappingRecord
 from control_plane_broker.revocation.revocation_gate import RevocationGate

@@ -28,7 +28,6 @@ EXPECTED: dict[str, set[str]] = {
     },
     "control_plane_broker.director": {
         "DirectorClient",
-        "DirectorGuard",
         "DirectorNotFound",
         "DirectorPermanent",
         "DirectorRetryable",
@@ -38,6 +37,7 @@ EXPECTED: dict[str, set[str]] = {
         "RuntimeRegisterInput",
         "classify",
     },
+    "control_plane_broker.overload": set(),
     "control_plane_broker.identity": {
         "CountingVerifier",
         "Identity",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane_broker.retry import retry_after_seconds
+from control_plane_broker.overload.retry_after import retry_after_seconds
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from control_plane_broker import errors
-from control_plane_broker.api.door import Pace
+from control_plane_broker.api.first_contact_middleware import Pace
 from control_plane_broker.api.problems import problem_for
-from control_plane_broker.director.admission import advise
+from control_plane_broker.overload.capacity_schedule import advise
 
 
 def header(exc: errors.BrokerError, *, jitter_max: float, rand: float) -> str:

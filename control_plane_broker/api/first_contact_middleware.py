@@ -54,10 +54,10 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from control_plane_broker import pacing
 from control_plane_broker.api.access import note_problem
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for
 from control_plane_broker.errors import FirstContactsBusy
+from control_plane_broker.overload import first_contact_limit
 
 LEAVE_KEY = "compass.leave_door"  # scope key of the callable that gives the place up
 _RUNTIME_PATH = re.compile(r"^/v1/runtimes/([^/]{1,64})/(?:token|connection)$")
@@ -225,11 +225,11 @@ class Door:
                 self._places.release()
                 end_turn()
 
-        hold = pacing.holding(discount)
+        hold = first_contact_limit.holding(discount)
         try:
             await self._app({**scope, LEAVE_KEY: leave}, receive, send)
         finally:
-            pacing.released(hold)
+            first_contact_limit.released(hold)
             leave()
 
     async def _refuse(self, scope: Scope, send: Send, turn: float) -> None:

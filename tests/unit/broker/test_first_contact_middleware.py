@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
-from control_plane_broker.api.door import Door, Pace, leave_door
+from control_plane_broker.api.first_contact_middleware import Door, Pace, leave_door
 from control_plane_broker.errors import IdentityNotProven
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.identity.verifier import CountingVerifier

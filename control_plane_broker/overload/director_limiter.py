@@ -28,8 +28,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
-from control_plane_broker import circuit_breaker as cb
-from control_plane_broker.director.admission import (
+from control_plane_broker.director.classification import DirectorFailed, DirectorRetryable
+from control_plane_broker.errors import CallerGone, CompassDown, CompassUnavailable, TurnBooked
+from control_plane_broker.overload import circuit_breaker as cb
+from control_plane_broker.overload.capacity_schedule import (
     Admissions,
     Admitted,
     Calendar,
@@ -37,8 +39,6 @@ from control_plane_broker.director.admission import (
     Request,
     advise,
 )
-from control_plane_broker.director.classification import DirectorFailed, DirectorRetryable
-from control_plane_broker.errors import CallerGone, CompassDown, CompassUnavailable, TurnBooked
 
 log = logging.getLogger(__name__)
 

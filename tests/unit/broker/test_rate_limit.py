@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane_broker.ratelimit import BucketPolicy, take
+from control_plane_broker.overload.rate_limit import BucketPolicy, take
 
 
 def test_bucket_allows_burst_then_waits_for_refill() -> None:

@@ -7,17 +7,22 @@ import asyncio
 
 import pytest
 
-from control_plane_broker import circuit_breaker as cb
-from control_plane_broker.director.admission import (
+from control_plane_broker.director.classification import DirectorRetryable
+from control_plane_broker.errors import CompassUnavailable, TurnBooked
+from control_plane_broker.overload import circuit_breaker as cb
+from control_plane_broker.overload.capacity_schedule import (
     Admissions,
     Admitted,
     Calendar,
     Deferred,
     advise,
 )
-from control_plane_broker.director.classification import DirectorRetryable
-from control_plane_broker.director.guard import FIRST_CALL, FOLLOW_UP, DirectorGuard, PrioritySlots
-from control_plane_broker.errors import CompassUnavailable, TurnBooked
+from control_plane_broker.overload.director_limiter import (
+    FIRST_CALL,
+    FOLLOW_UP,
+    DirectorGuard,
+    PrioritySlots,
+)
 from tests.unit.broker.conditions import until
 
 # --- the calendar ----------------------------------------------------------------------------

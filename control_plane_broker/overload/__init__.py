@@ -1,0 +1,13 @@
+"""Overload protection for the broker and Director, in the order a token request meets it.
+
+`rate_limit` (per-runtime token buckets), `circuit_breaker` (Director down: refuse at once),
+`first_contact_limit` (runtimes not proven recently come in a few at a time; the HTTP layer's
+`api/first_contact_middleware` applies it), `capacity_schedule` (reservations of Director's
+capacity), `priority_slots` (the concurrency limit, follow-up calls first), `director_limiter`
+(breaker, schedule and slots around every Director call) and `retry_after` (the one place a
+wait becomes a `Retry-After` value). docs/overload.md tells the stages on one page.
+
+Inside the broker, import the defining module, never this package.
+"""
+
+__all__: list[str] = []  # import the defining modules: re-exports here would make cycles
