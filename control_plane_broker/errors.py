@@ -4,8 +4,8 @@
     ├── TemporaryError              (retry_after: seconds or None; the caller may try again)
     │   ├── CompassUnavailable      503  Director/OAuth failing, breaker open, or limit reached
     │   ├── CompassFailed           502  Director failed this request with its internal error
-    │   ├── TurnBooked              503  Director's capacity is booked: come back at your turn
-    │   ├── FirstContactsBusy       503  too many first contacts wait at the door: come back later
+    │   ├── CapacityReserved        503  Director's capacity is reserved: come back when told
+    │   ├── FirstContactsBusy       503  too many first contacts wait to be checked: come back later
     │   ├── RegistrationBusy        503  another replica holds the registration claim
     │   ├── NotReady                503  the Kyma cache has not synced yet
     │   ├── ControlPlaneUnavailable 503  the KCP API server could not be reached
@@ -46,7 +46,7 @@ class BrokerError(Exception):
 
 class TemporaryError(BrokerError):
     # Whether Retry-After gets random extra seconds: yes for refusals a herd receives at once,
-    # no where the broker has already spread the herd (a booked turn).
+    # no where the broker has already spread the herd (a reservation, a first-contact wait).
     spread: ClassVar[bool] = True
 
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
@@ -65,7 +65,7 @@ class CompassUnavailable(TemporaryError):
 
 
 class CompassDown(CompassUnavailable):
-    """The breaker is open; Retry-After is this runtime's booked turn after the next probe."""
+    """The breaker is open; Retry-After is this runtime's reservation after the next probe."""
 
     spread = False
 
@@ -81,7 +81,10 @@ class CompassFailed(TemporaryError):
     title = "Compass failed to carry out the request"
 
 
-class TurnBooked(TemporaryError):
+class CapacityReserved(TemporaryError):
+    """Director's capacity is reserved ahead (`overload/capacity_schedule`): a reservation was
+    made for this runtime, and Retry-After says when to come back for it."""
+
     slug = "capacity-booked"
     status = 503
     title = "Compass capacity is booked; come back at the time in Retry-After"
@@ -89,8 +92,9 @@ class TurnBooked(TemporaryError):
 
 
 class FirstContactsBusy(TemporaryError):
-    """More runtimes not proven recently wait at the door than it lets in before the agent's
-    timeout: answered at the door, before any work, with a turn spread over the queue."""
+    """More runtimes not proven recently wait for their identity check than the first-contact
+    limit lets in before the agent's timeout: answered before any work, with a wait spread over
+    the queue (`overload/first_contact_limit`)."""
 
     slug = "first-contacts-busy"
     status = 503

@@ -41,7 +41,7 @@ from control_plane_broker.errors import (
 from control_plane_broker.identity.verifier import Verifier
 from control_plane_broker.kyma import LABEL_SUBACCOUNT, KymaView
 from control_plane_broker.mapping_status import StatusRecorder
-from control_plane_broker.overload.director_limiter import CallerPresent, DirectorGuard
+from control_plane_broker.overload.director_limiter import CallerPresent, DirectorLimiter
 from control_plane_broker.overload.rate_limit import RateLimiter
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.registration import state
@@ -83,7 +83,7 @@ class TokenIssuer:
         gate: RevocationGate,
         registration: RegistrationService,
         director: DirectorApi,
-        guard: DirectorGuard,
+        director_limiter: DirectorLimiter,
         status: StatusRecorder,
         limiter: RateLimiter,
         clock: Callable[[], float],
@@ -94,7 +94,7 @@ class TokenIssuer:
         self._gate = gate
         self._registration = registration
         self._director = director
-        self._guard = guard
+        self._director_limiter = director_limiter
         self._status = status
         self._limiter = limiter
         self._clock = clock  # monotonic: rate limits
@@ -112,8 +112,9 @@ class TokenIssuer:
         loop reaches some only after their agents' timeout; proving their identity would fetch
         keys for nobody); a registration already begun goes on without the caller (the next
         request needs only the token); a token is requested only for a caller still there.
-        `identity_checked` is called once the identity check is over, passed or not: the door
-        in front of the app (`api/door.py`) lets the next first contact in."""
+        `identity_checked` is called once the identity check is over, passed or not: the
+        first-contact limit in front of the app (`api/first_contact_middleware.py`) lets the next
+        first contact in."""
         kyma_name = validate_runtime_id(runtime_id)
         if not self._cache.synced:
             raise NotReady("the Kyma cache has not synced yet", retry_after=2)
@@ -139,8 +140,8 @@ class TokenIssuer:
             raise refused
         known = self._registration.known(kyma)
         calls = 1 if known else 2
-        self._guard.refuse_if_open(kyma.name, calls=calls)
-        self._guard.book(kyma.name, calls=calls)
+        self._director_limiter.refuse_if_open(kyma.name, calls=calls)
+        self._director_limiter.reserve(kyma.name, calls=calls)
         registered = known or await self._register(kyma)
         try:
             try:

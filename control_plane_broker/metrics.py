@@ -14,7 +14,7 @@ from control_plane_broker.connections.fleet_gauges import FleetCollector
 
 if TYPE_CHECKING:  # the registration package imports this module: no import back at run time
     from control_plane_broker.connections.report_rules import Fleet
-    from control_plane_broker.overload.capacity_schedule import GuardSnapshot
+    from control_plane_broker.overload.capacity_schedule import DirectorLoad
 
 
 class Metrics:
@@ -88,7 +88,7 @@ class Metrics:
             "How late the event loop ran the latest of its twice-a-second timer ticks.",
             registry=r,
         )
-        self.door_waiting = Gauge(
+        self.first_contacts_waiting = Gauge(
             "broker_first_contacts_waiting",
             "Requests of runtimes not proven recently, waiting in front of the app for a place "
             "(BROKER_FIRST_CONTACTS_IN_PROGRESS).",
@@ -124,11 +124,12 @@ class Metrics:
         """The Kymas in the watch cache, counted at scrape time."""
         self.kymas_cached.set_function(count)
 
-    def watch_door(self, compute: Callable[[], int]) -> None:
-        """Requests parked at the door in front of the app (`api/door.py`), read at scrape."""
-        self.door_waiting.set_function(compute)
+    def watch_first_contacts(self, compute: Callable[[], int]) -> None:
+        """Requests parked by the first-contact limit in front of the app
+        (`api/first_contact_middleware.py`), read at scrape."""
+        self.first_contacts_waiting.set_function(compute)
 
-    def watch_director(self, compute: Callable[[], GuardSnapshot]) -> None:
+    def watch_director(self, compute: Callable[[], DirectorLoad]) -> None:
         """The Director admission gauges come from `compute`, called at scrape time."""
         self._director.compute = compute
 
@@ -147,11 +148,12 @@ class Metrics:
 
 
 class DirectorCollector(Collector):
-    """Director admission gauges, read from the guard when scraped: whether calls wait for the
-    broker's slots (the broker is the limit) or the calendar is booked far ahead (Director is)."""
+    """Director admission gauges, read from the Director limiter when scraped: whether calls wait
+    for the broker's slots (the broker is the limit) or the capacity schedule is reserved far
+    ahead (Director is)."""
 
     def __init__(self) -> None:
-        self.compute: Callable[[], GuardSnapshot] | None = None
+        self.compute: Callable[[], DirectorLoad] | None = None
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families(None))
@@ -159,7 +161,7 @@ class DirectorCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         return list(self._families(self.compute() if self.compute is not None else None))
 
-    def _families(self, snap: GuardSnapshot | None) -> Iterator[Metric]:
+    def _families(self, snap: DirectorLoad | None) -> Iterator[Metric]:
         families = {
             "in_flight": GaugeMetricFamily(
                 "broker_director_calls_in_flight", "Director calls holding one of the slots."
@@ -170,20 +172,21 @@ class DirectorCollector(Collector):
             ),
             "call_seconds": GaugeMetricFamily(
                 "broker_director_call_seconds_estimate",
-                "The calendar's moving estimate of one Director call, slot held to released.",
+                "The capacity schedule's moving estimate of one Director call, slot held to "
+                "released.",
             ),
-            "booked_ahead_seconds": GaugeMetricFamily(
+            "reserved_ahead_seconds": GaugeMetricFamily(
                 "broker_director_booked_ahead_seconds",
-                "How far ahead Director's capacity is booked (the wait a new runtime is told).",
+                "How far ahead Director's capacity is reserved (the wait a new runtime is told).",
             ),
-            "tickets": GaugeMetricFamily(
+            "reservations": GaugeMetricFamily(
                 "broker_director_tickets",
-                "Deferred requests holding a booked turn (503 capacity-booked, not back yet).",
+                "Deferred requests holding a reservation (503 capacity-booked, not back yet).",
             ),
             "shift_seconds": GaugeMetricFamily(
                 "broker_director_calendar_shift_seconds",
-                "How far the booked turns moved back because Director served slower than they "
-                "were booked for (0 when no ticket is held).",
+                "How far the reservations moved back because Director served slower than they "
+                "were made for (0 when no reservation is held).",
             ),
         }
         for name, family in families.items():
@@ -193,7 +196,7 @@ class DirectorCollector(Collector):
         timeouts = CounterMetricFamily(
             "broker_director_slot_timeouts",
             "Admitted Director calls refused (503 compass-unavailable) after waiting twice "
-            "BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS for a slot: the calendar's estimate was short.",
+            "BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS for a slot: the schedule's estimate was short.",
         )
         if snap is not None:
             timeouts.add_metric([], float(snap.slot_timeouts))

@@ -51,9 +51,10 @@ class Settings(BaseSettings):
     )
     first_contacts_per_runtime: int = Field(
         default=2,
-        description="Places at the door, and identity checks in flight, one runtime ID may "
-        "hold at once; its further requests wait in a line of their own or are answered 503 "
-        "at once: no runtime ID (an attacker's, a stalled cluster's) crowds out the fleet.",
+        description="Places at the first-contact limit, and identity checks in flight, one "
+        "runtime ID may hold at once; its further requests wait in a queue of their own or are "
+        "answered 503 at once: no runtime ID (an attacker's, a stalled cluster's) crowds out "
+        "the fleet.",
         ge=1,
     )
     director_queue_timeout_seconds: float = Field(

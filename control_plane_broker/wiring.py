@@ -34,7 +34,7 @@ from starlette.types import ASGIApp
 
 from control_plane_broker.api.access import AccessLog
 from control_plane_broker.api.app import Health, create_app
-from control_plane_broker.api.first_contact_middleware import Door
+from control_plane_broker.api.first_contact_middleware import FirstContactLimitMiddleware
 from control_plane_broker.api.server import bind, build_server
 from control_plane_broker.backoff import watch_backoff
 from control_plane_broker.connections.report_rules import fleet
@@ -57,7 +57,7 @@ from control_plane_broker.kyma_reconciler import KymaReconciler
 from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload import circuit_breaker as cb
-from control_plane_broker.overload.director_limiter import DirectorGuard
+from control_plane_broker.overload.director_limiter import DirectorLimiter
 from control_plane_broker.overload.rate_limit import BucketPolicy, RateLimiter
 from control_plane_broker.registration.service import Hook, RegistrationService
 from control_plane_broker.registration.state import Mapping
@@ -88,7 +88,9 @@ async def run(
     metrics = Metrics()
     async with AsyncExitStack() as stack:
         kcp = control_plane(settings, kcp_access, stack=stack, me=me, metrics=metrics)
-        director, guard = director_side(settings, credentials, stack=stack, metrics=metrics)
+        director, director_limiter = director_side(
+            settings, credentials, stack=stack, metrics=metrics
+        )
         registration = RegistrationService(
             settings=settings,
             repo=kcp.repo,
@@ -107,7 +109,7 @@ async def run(
             verifier=verifier,
             registration=registration,
             director=director,
-            guard=guard,
+            director_limiter=director_limiter,
             metrics=metrics,
         )
         supervisor = Supervisor(on_restart=lambda task: metrics.task_restarts.labels(task).inc())
@@ -126,7 +128,7 @@ async def run(
         health = Health(
             ready=readiness(settings, supervisor, kcp, metrics), live=loop_watch.healthy
         )
-        door = front_door(
+        front = with_first_contact_limit(
             settings,
             app=create_app(
                 issuer=issuer,
@@ -140,7 +142,7 @@ async def run(
             kymas=kcp.kymas,
             metrics=metrics,
         )
-        await serve_http(settings, door, stack=stack, me=me)
+        await serve_http(settings, front, stack=stack, me=me)
 
 
 # --- the parts, in the order `run` builds them -------------------------------------------------
@@ -238,8 +240,8 @@ def director_side(
     *,
     stack: AsyncExitStack,
     metrics: Metrics,
-) -> tuple[DirectorClient, DirectorGuard]:
-    """Director's client behind its guard, with an HTTP client each for Director and OAuth."""
+) -> tuple[DirectorClient, DirectorLimiter]:
+    """Director's client behind its limiter, with an HTTP client each for Director and OAuth."""
     c = settings.director_max_concurrency
     director_http = httpx.AsyncClient(
         timeout=httpx.Timeout(settings.director_timeout_seconds),
@@ -253,7 +255,7 @@ def director_side(
         trust_env=False,
     )
     stack.push_async_callback(oauth_http.aclose)
-    guard = DirectorGuard(
+    director_limiter = DirectorLimiter(
         policy=cb.BreakerPolicy(
             failure_threshold=settings.breaker_failure_threshold,
             open_seconds=settings.breaker_open_seconds,
@@ -263,15 +265,15 @@ def director_side(
         clock=mono,
         on_state=metrics.on_breaker_state,
     )
-    metrics.watch_director(guard.snapshot)
-    metrics.watch_breaker(guard.refusing)
+    metrics.watch_director(director_limiter.snapshot)
+    metrics.watch_breaker(director_limiter.refusing)
     oauth = OAuthTokenSource(oauth_http, credentials, scope=settings.director_scope, clock=mono)
     # Director calls share the main loop: a loop in a thread of its own made admitted requests
     # outlast the agents' 30 s timeout at N = 5,000 (the two threads contend for the interpreter).
     director = DirectorClient(
-        http=director_http, url=settings.director_url, oauth=oauth, guard=guard
+        http=director_http, url=settings.director_url, oauth=oauth, limiter=director_limiter
     )
-    return director, guard
+    return director, director_limiter
 
 
 def identity(
@@ -354,7 +356,7 @@ def endpoints(
     verifier: CountingVerifier,
     registration: RegistrationService,
     director: DirectorClient,
-    guard: DirectorGuard,
+    director_limiter: DirectorLimiter,
     metrics: Metrics,
 ) -> tuple[TokenIssuer, ConnectionReporter]:
     """What the two endpoints call: the token issuer and the connection reporter, each behind
@@ -373,7 +375,7 @@ def endpoints(
         gate=gate,
         registration=registration,
         director=director,
-        guard=guard,
+        director_limiter=director_limiter,
         status=kcp.status,
         limiter=RateLimiter(
             BucketPolicy(
@@ -482,39 +484,41 @@ def cache_fresh(informer: Informer[KymaView] | Informer[Mapping], bound: float) 
     return informer.synced and contact is not None and time.monotonic() - contact < bound
 
 
-def front_door(
+def with_first_contact_limit(
     settings: Settings,
     *,
     app: ASGIApp,
     verifier: CountingVerifier,
     kymas: Informer[KymaView],
     metrics: Metrics,
-) -> Door:
+) -> FirstContactLimitMiddleware:
     """The app behind the first-contact limit."""
 
-    def refused_at_door(endpoint: str) -> None:
+    def refused(endpoint: str) -> None:
         counter = metrics.connection_reports if endpoint == "connection" else metrics.token_requests
         counter.labels(FirstContactsBusy.slug).inc()
 
-    door = Door(
+    limited = FirstContactLimitMiddleware(
         app,
         capacity=settings.first_contacts_in_progress,
-        # Walk past: checking them needs no network (proven recently: cached; no Kyma: refused
+        # Not limited: checking them needs no network (proven recently: cached; no Kyma: refused
         # from the cache).
         is_known=lambda runtime_id: (
             verifier.proved_recently(runtime_id) or kymas.get(runtime_id.lower()) is None
         ),
         per_runtime=settings.first_contacts_per_runtime,
-        # Half the Director queue's: what passes the door may still wait that long for Director,
+        # Half the Director queue's: what passes the limit may still wait that long for Director,
         # and both together must stay well inside the agent's 30 s timeout.
         max_wait=settings.director_queue_timeout_seconds / 2,
-        on_refused=refused_at_door,
+        on_refused=refused,
     )
-    metrics.watch_door(lambda: door.waiting)
-    return door
+    metrics.watch_first_contacts(lambda: limited.waiting)
+    return limited
 
 
-async def serve_http(settings: Settings, door: Door, *, stack: AsyncExitStack, me: str) -> None:
+async def serve_http(
+    settings: Settings, front: FirstContactLimitMiddleware, *, stack: AsyncExitStack, me: str
+) -> None:
     """Serves until SIGTERM or SIGINT; in-flight requests finish."""
     # What start-up made (modules, settings, clients, the app) lives as long as the process:
     # frozen out of the collector, so that a full collection walks only what requests made
@@ -523,7 +527,7 @@ async def serve_http(settings: Settings, door: Door, *, stack: AsyncExitStack, m
     sock = bind(settings.host, settings.port)
     stack.callback(sock.close)
     stack.callback(log.info, "shutting down")
-    server = build_server(AccessLog(door), header_timeout=HEADER_TIMEOUT_SECONDS)
+    server = build_server(AccessLog(front), header_timeout=HEADER_TIMEOUT_SECONDS)
     loop = asyncio.get_running_loop()
     stop: Callable[[], None] = lambda: setattr(server, "should_exit", True)  # noqa: E731
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -32,7 +32,7 @@ from pydantic import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control_plane_broker.api.access import AccessLog, note_problem, upstream_cause
-from control_plane_broker.api.first_contact_middleware import leave_door
+from control_plane_broker.api.first_contact_middleware import release_first_contact_place
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for, type_uri
 from control_plane_broker.connections.report_rules import Report
 from control_plane_broker.connections.report_service import ConnectionReporter
@@ -266,8 +266,8 @@ def create_app(
     rand: Jitter = random.random,
     access_log: bool = True,
 ) -> FastAPI:
-    """`access_log=False`: the caller logs requests outside (the broker does, around the door,
-    so that the requests answered at the door are logged too)."""
+    """`access_log=False`: the caller logs requests outside (the broker does, around the
+    first-contact limit, so that the requests it answers are logged too)."""
     app = FastAPI(
         title="compass-broker",
         summary="Issues Compass one-time tokens to Kyma runtimes that prove their identity.",
@@ -341,7 +341,7 @@ def add_token_route(app: FastAPI, *, issuer: TokenIssuer, metrics: Metrics) -> N
                     runtimeID,
                     headers,
                     caller_present=_still_connected(request),
-                    identity_checked=leave_door(request.scope),
+                    identity_checked=release_first_contact_place(request.scope),
                 )
             except BrokerError as exc:
                 metrics.token_requests.labels(exc.slug).inc()

@@ -1,7 +1,8 @@
 """A typed async Director client: one GraphQL POST per operation, OAuth and `Tenant` on each.
 
-Holds: every call goes through the guard (breaker + concurrency limit); every failure leaves as
-`DirectorRetryable` or `DirectorPermanent` (see `director.classification`); tokens are never logged.
+Holds: every call goes through the Director limiter (breaker, capacity schedule, concurrency
+limit); every failure leaves as `DirectorRetryable` or `DirectorPermanent` (see
+`director.classification`); tokens are never logged.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from control_plane_broker.director.classification import (
     classify,
 )
 from control_plane_broker.director.oauth import OAuthTokenSource
-from control_plane_broker.overload.director_limiter import CallerPresent, DirectorGuard
+from control_plane_broker.overload.director_limiter import CallerPresent, DirectorLimiter
 from kubeapi import describe_transport_error
 
 # httpx errors raised before any byte of the request left: nothing reached Director.
@@ -91,12 +92,12 @@ class DirectorClient:
         http: httpx.AsyncClient,
         url: str,
         oauth: OAuthTokenSource,
-        guard: DirectorGuard,
+        limiter: DirectorLimiter,
     ) -> None:
         self._http = http
         self._url = url
         self._oauth = oauth
-        self._guard = guard
+        self._limiter = limiter
 
     async def _execute(
         self,
@@ -142,7 +143,7 @@ class DirectorClient:
                 return self._parse(status, raw, operation)
             raise AssertionError("unreachable")
 
-        return await self._guard.call(
+        return await self._limiter.call(
             attempt,
             subject=subject,
             follow_up=follow_up,

@@ -19,9 +19,9 @@ costs a request to KCP, a runtime's API server or an issuer. In this order:
    real check count (a refusal in steps 1-2 costs nothing), and a pending BYOC enrolment is no
    failure.
 5. Share: at most `per_runtime` identity checks of one runtime are in flight; more get 503
-   `first-contacts-busy` at once. Together with the door's share per runtime
-   (`api/door.py`), one runtime ID — an attacker's favourite or a stalled cluster — holds at most
-   that many of the places and checks the fleet shares.
+   `first-contacts-busy` at once. Together with the first-contact limit's share per runtime
+   (`overload/first_contact_limit.py`), one runtime ID — an attacker's favourite or a stalled
+   cluster — holds at most that many of the places and checks the fleet shares.
 
 A refusal in steps 1, 2 and 4 leaves the runtime unnamed in any state here: what is kept per
 runtime (budget, proven tokens, checks in flight) is bounded (`max_runtimes`, `max_proven`) and

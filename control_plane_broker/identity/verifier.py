@@ -45,8 +45,9 @@ class XfccVerifier:
 class CountingVerifier:
     """Wraps a verifier: counts and logs every failure reason (never the proof itself), and
     remembers which runtimes proved who they are recently (`proved_recently`): checking them
-    again needs no network (their keys or verdict are cached), which is all the door in front
-    of the app (`api/door.py`) asks. A hint for the order of work, never a verdict."""
+    again needs no network (their keys or verdict are cached), which is all the first-contact
+    limit in front of the app (`api/first_contact_middleware.py`) asks. A hint for the order of
+    work, never a verdict."""
 
     def __init__(
         self,

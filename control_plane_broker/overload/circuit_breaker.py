@@ -1,14 +1,17 @@
-"""A circuit breaker as a pure state machine; the clock is passed in, nothing here sleeps.
+"""The circuit breaker in front of Director, as a pure state machine: while Director is down,
+callers are refused at once instead of each spending a call that fails.
 
 closed --(threshold consecutive retryable failures)--> open
 open --(open_seconds elapsed, next caller)--> half-open (exactly one probe admitted)
 half-open --success--> closed;  half-open --failure--> open (timer restarts)
 
-Invariants: while open, `admit` refuses every call; in half-open at most one call is in flight.
-Permanent failures are not outages: they count as successes for the breaker. Director's internal
-errors (code 10) name no cause: one counts as a failure only when it is about a runtime that has
-not failed so in the current run of failures (`record_ambiguous`), so one broken runtime asking
-again and again never opens the breaker, while a database failing every runtime does.
+Holds: pure (the clock is passed in, nothing here sleeps); while open, `admit` refuses every
+call; in half-open at most one call is in flight. Permanent failures are not outages: they count
+as successes for the breaker. Director's internal errors (code 10) name no cause: one counts as
+a failure only when it is about a runtime that has not failed so in the current run of failures
+(`record_ambiguous`), so one broken runtime asking again and again never opens the breaker,
+while a database failing every runtime does (`director/errors.py` has the evidence).
+Why: docs/design/0012-probe-verdict-within-a-second.md.
 """
 
 from __future__ import annotations
@@ -40,25 +43,27 @@ class Breaker:
 
 
 @dataclass(frozen=True)
-class Admission:
+class Permit:
+    """The breaker's answer to one call: may it go out, and if not, how long until one may."""
+
     allowed: bool
     retry_after: float = 0.0  # seconds until a call may be admitted, when refused
 
 
-def admit(breaker: Breaker, policy: BreakerPolicy, now: float) -> tuple[Breaker, Admission]:
+def admit(breaker: Breaker, policy: BreakerPolicy, now: float) -> tuple[Breaker, Permit]:
     """May a call go out now? Returns the new state and the answer."""
     if breaker.state is State.CLOSED:
-        return breaker, Admission(allowed=True)
+        return breaker, Permit(allowed=True)
     if breaker.state is State.OPEN:
         remaining = breaker.opened_at + policy.open_seconds - now
         if remaining > 0:
-            return breaker, Admission(allowed=False, retry_after=remaining)
-        return replace(breaker, state=State.HALF_OPEN, probe_in_flight=True), Admission(True)
+            return breaker, Permit(allowed=False, retry_after=remaining)
+        return replace(breaker, state=State.HALF_OPEN, probe_in_flight=True), Permit(True)
     # HALF_OPEN
     if breaker.probe_in_flight:
         # The probe decides; until then everybody else waits about one open period.
-        return breaker, Admission(allowed=False, retry_after=policy.open_seconds)
-    return replace(breaker, probe_in_flight=True), Admission(allowed=True)
+        return breaker, Permit(allowed=False, retry_after=policy.open_seconds)
+    return replace(breaker, probe_in_flight=True), Permit(allowed=True)
 
 
 def would_refuse(breaker: Breaker, policy: BreakerPolicy, now: float) -> bool:
@@ -78,9 +83,8 @@ def may_leave_queue(breaker: Breaker, *, probe: bool) -> bool:
     return probe or breaker.state is State.CLOSED
 
 
-# A probe's verdict is due within one call's time. Told to wait a whole open period instead,
-# the callers that arrived while the probe that found Director back was out came back 5 to 8 s
-# after everybody else (outage at N = 100: the last runtime connected 8 s after the rest).
+# A probe's verdict is due within one call's time: callers refused while it is out are told to
+# come back then, not after a whole open period (docs/design/0012-probe-verdict-within-a-second.md).
 PROBE_VERDICT_SECONDS = 1.0
 
 

@@ -1,44 +1,53 @@
-"""Protects Director: a circuit breaker, a booking calendar and a global concurrency limit.
+"""Protects Director around every call: the circuit breaker, the capacity schedule and the
+priority slots, combined. The request path asks it twice before Director's first call
+(`refuse_if_open`, the cheap refusal; `reserve`, admission by the schedule), and every Director
+call goes through `call`.
 
 Holds: while the breaker is open no call leaves the process, also none that was already waiting
 for a slot when it opened, and a caller learns that before it costs anything (`refuse_if_open`);
-at most `max_concurrency` calls are in flight; a request is admitted only when its turn comes
-within the queue timeout by the calendar's estimate (`book`), otherwise it is told when to come
-back; the queue in front of a new request is counted as what admitted requests booked and their
-calls have not held yet, from the moment a request's first call asks for a slot (its look-ups,
-its registration, its token; before that it is in the broker's own work and in the calendar's
-bookings), plus the calls outside any request that wait; each request's slot time, grant to
-answer over all its calls, per call it booked, is what the calendar measures (`admission`); the
-second call of a request that already holds Director's attention (the token after a
-registration) is served before first calls, so admitted requests finish in the time promised;
-a call that still waits longer than twice the queue timeout for a slot gets `CompassUnavailable`;
-a call whose caller has hung up by the time it gets a slot does not leave (`CallerGone`): after a
-restart thousands of agents time out while their requests queue, and each of those calls would
-spend Director's time (and a one-time token) on nobody while the agents that stayed wait.
+at most `max_concurrency` calls are in flight; a request is admitted only when its reservation
+starts within the queue timeout by the schedule's estimate (`reserve`), otherwise it is told when
+to come back; the queue in front of a new request is counted as what admitted requests reserved
+and their calls have not held yet, from the moment a request's first call asks for a slot (its
+look-ups, its registration, its token; before that it is in the broker's own work and in the
+schedule's reservations), plus the calls outside any request that wait and the follow-ups they
+promised; each request's slot time, grant to answer over all its calls, per call it reserved, is
+what the schedule measures; the second call of a request that already holds Director's
+attention (the token after a registration) is served before first calls, so admitted requests
+finish in the time promised; a call that still waits longer than twice the queue timeout for a
+slot gets `CompassUnavailable`; a call whose caller has hung up by the time it gets a slot does
+not leave (`CallerGone`): after a restart thousands of agents time out while their requests
+queue, and each of those calls would spend Director's time (and a one-time token) on nobody
+while the agents that stayed wait.
+Why: docs/design/0010-queue-counted-from-first-call.md,
+docs/design/0011-calls-outside-requests-in-the-queue.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import heapq
-import itertools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
 from control_plane_broker.director.classification import DirectorFailed, DirectorRetryable
-from control_plane_broker.errors import CallerGone, CompassDown, CompassUnavailable, TurnBooked
+from control_plane_broker.errors import (
+    CallerGone,
+    CapacityReserved,
+    CompassDown,
+    CompassUnavailable,
+)
 from control_plane_broker.overload import circuit_breaker as cb
 from control_plane_broker.overload.capacity_schedule import (
-    Admissions,
-    Admitted,
-    Calendar,
-    GuardSnapshot,
-    Request,
-    advise,
+    AdmittedRequest,
+    AdmittedRequests,
+    CapacitySchedule,
+    Deferred,
+    DirectorLoad,
 )
+from control_plane_broker.overload.priority_slots import FIRST_CALL, FOLLOW_UP, PrioritySlots
+from control_plane_broker.overload.retry_after import reservation_wait
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +58,6 @@ Verdict = Literal["healthy", "outage", "ambiguous"]
 # Asked once a call holds a slot, right before it leaves: False when nobody waits for the answer.
 CallerPresent = Callable[[], Awaitable[bool]]
 
-FIRST_CALL = 1
-FOLLOW_UP = 0  # served first: the request has already spent Director's time
-
 
 class _Served:
     """The admitted request a task serves now (its calls' slot time is the request's), seen
@@ -59,7 +65,7 @@ class _Served:
 
     def __init__(self, task: asyncio.Task[object]) -> None:
         self.task = task
-        self.request: Request | None = None
+        self.request: AdmittedRequest | None = None
 
 
 _SERVED: contextvars.ContextVar[_Served | None] = contextvars.ContextVar(
@@ -67,53 +73,7 @@ _SERVED: contextvars.ContextVar[_Served | None] = contextvars.ContextVar(
 )
 
 
-class PrioritySlots:
-    """A counting semaphore whose waiters are served by (priority, arrival).
-
-    A released slot is handed straight to the next waiter, so `free > 0` implies nobody waits.
-    `acquire` answers when the slot became the caller's: for a waiter, the moment it was handed
-    over, before the event loop got round to resuming the waiter (the slot is held meanwhile)."""
-
-    def __init__(self, capacity: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.capacity = capacity
-        self._free = capacity
-        self._clock = clock
-        self._waiters: list[tuple[int, int, asyncio.Future[float]]] = []
-        self._seq = itertools.count()
-        self.waiting = 0
-
-    async def acquire(self, priority: int, wait_seconds: float) -> float:
-        if self._free > 0:
-            self._free -= 1
-            return self._clock()
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (priority, next(self._seq), future))
-        self.waiting += 1
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), wait_seconds)
-        except BaseException:
-            if future.done() and not future.cancelled():
-                self.release()  # granted just as we gave up: pass the slot on
-            else:
-                future.cancel()
-                self.waiting -= 1
-            raise
-
-    @property
-    def taken(self) -> int:
-        return self.capacity - self._free
-
-    def release(self) -> None:
-        while self._waiters:
-            _, _, future = heapq.heappop(self._waiters)
-            if not future.done():
-                self.waiting -= 1
-                future.set_result(self._clock())  # the slot moves to the waiter as it is
-                return
-        self._free += 1
-
-
-class DirectorGuard:
+class DirectorLimiter:
     def __init__(
         self,
         *,
@@ -129,23 +89,22 @@ class DirectorGuard:
         self._queue_timeout = queue_timeout
         self._clock = clock
         self._on_state = on_state
-        self.calendar = Calendar(capacity=max_concurrency, max_wait=queue_timeout)
-        # Admitted calls that still found no slot in time: the calendar's estimate was short
+        self.schedule = CapacitySchedule(capacity=max_concurrency, max_wait=queue_timeout)
+        # Admitted calls that still found no slot in time: the schedule's estimate was short
         # (the answer is a 503 compass-unavailable, as for an open breaker, so count it apart).
         self._slot_timeouts = 0
-        self._admissions = Admissions()
+        self._admitted = AdmittedRequests()
         # Calls outside any admitted request (the reconciler's) waiting for a slot, and the
         # follow-ups they promised: not in the slot queue yet, but served before every first
-        # call queued now (measured, a queue counted without them made admitted registrations
-        # wait twice the time the calendar promised, and time out, after an outage). An
-        # admitted request's calls are in `Admissions.ahead` from its first call on.
-        self._unbooked_waiting = 0
+        # call queued now (docs/design/0011). An admitted request's calls are in
+        # `AdmittedRequests.ahead` from its first call on.
+        self._unreserved_waiting = 0
         self._owed_follow_ups = 0
 
     def _queued_calls(self) -> float:
         return (
-            self._admissions.ahead(self.calendar.latency)
-            + self._unbooked_waiting
+            self._admitted.ahead(self.schedule.latency)
+            + self._unreserved_waiting
             + self._owed_follow_ups
         )
 
@@ -158,15 +117,15 @@ class DirectorGuard:
         since the open period ended (the breaker moves only when one does)."""
         return cb.would_refuse(self._breaker, self._policy, self._clock())
 
-    def snapshot(self) -> GuardSnapshot:
-        calendar = self.calendar
-        return GuardSnapshot(
+    def snapshot(self) -> DirectorLoad:
+        schedule = self.schedule
+        return DirectorLoad(
             in_flight=self._slots.taken,
             waiting=self._slots.waiting,
-            call_seconds=calendar.latency,
-            booked_ahead_seconds=max(0.0, calendar.booked_until - self._clock()),
-            tickets=calendar.tickets(),
-            shift_seconds=calendar.shift,
+            call_seconds=schedule.latency,
+            reserved_ahead_seconds=max(0.0, schedule.reserved_until - self._clock()),
+            reservations=schedule.reservations(),
+            shift_seconds=schedule.shift,
             slot_timeouts=self._slot_timeouts,
         )
 
@@ -177,31 +136,32 @@ class DirectorGuard:
 
     def refuse_if_open(self, key: str, *, calls: int) -> None:
         """The cheap refusal: raises at once while the breaker would refuse a call anyway, with
-        a turn after the next probe (see `Calendar.book`), not one moment for everybody."""
+        a reservation after the next probe (see `CapacitySchedule.reserve`), not one moment for
+        everybody."""
         now = self._clock()
         if not cb.would_refuse(self._breaker, self._policy, now):
             return
         probe_at = now + cb.seconds_until_probe(self._breaker, self._policy, now)
-        verdict = self.calendar.book(
+        verdict = self.schedule.reserve(
             key, calls=calls, now=now, queued_calls=self._queued_calls(), not_before=probe_at
         )
-        wait = verdict.retry_after if not isinstance(verdict, Admitted) else probe_at - now
-        raise CompassDown("circuit breaker open", retry_after=self._advise(wait))
+        wait = verdict.wait if isinstance(verdict, Deferred) else probe_at - now
+        raise CompassDown("circuit breaker open", retry_after=self._reservation_wait(wait))
 
-    def book(self, key: str, *, calls: int) -> None:
-        """Admits a request of `calls` Director calls for `key`, or raises `TurnBooked`."""
-        verdict = self.calendar.book(
+    def reserve(self, key: str, *, calls: int) -> None:
+        """Admits a request of `calls` Director calls for `key`, or raises `CapacityReserved`."""
+        verdict = self.schedule.reserve(
             key, calls=calls, now=self._clock(), queued_calls=self._queued_calls()
         )
-        if not isinstance(verdict, Admitted):
-            raise TurnBooked(
-                "Director capacity is booked", retry_after=self._advise(verdict.retry_after)
+        if isinstance(verdict, Deferred):
+            raise CapacityReserved(
+                "Director capacity is booked", retry_after=self._reservation_wait(verdict.wait)
             )
         self._track(calls)
 
     def _track(self, calls: int) -> None:
         """The admitted request runs in the current task and ends with it (one request per
-        task, as the HTTP server runs them); a task that books again has finished its last."""
+        task, as the HTTP server runs them); a task that reserves again has finished its last."""
         try:
             task = asyncio.current_task()
         except RuntimeError:  # no event loop: nothing to measure it by
@@ -214,17 +174,17 @@ class DirectorGuard:
             _SERVED.set(served)
             task.add_done_callback(lambda _: self._finish(served.request))
         self._finish(served.request)
-        served.request = self._admissions.admit(calls)
+        served.request = self._admitted.admit(calls)
 
-    def _finish(self, request: Request | None) -> None:
+    def _finish(self, request: AdmittedRequest | None) -> None:
         if request is None:
             return
-        sample = self._admissions.finish(request)
+        sample = self._admitted.finish(request)
         if sample is not None:
-            self.calendar.observe(sample)
+            self.schedule.observe(sample)
 
-    def _advise(self, wait: float) -> float:
-        return advise(wait, max_wait=self._queue_timeout)
+    def _reservation_wait(self, wait: float) -> float:
+        return reservation_wait(wait, max_wait=self._queue_timeout)
 
     async def call(
         self,
@@ -238,22 +198,22 @@ class DirectorGuard:
         """`subject`: the runtime the call is about (see `cb.record_ambiguous`).
         `follow_up`: this call continues a request that already spent a Director call.
         `then`: how many follow-up calls the request makes after this one succeeds."""
-        breaker, admission = cb.admit(self._breaker, self._policy, self._clock())
+        breaker, permit = cb.admit(self._breaker, self._policy, self._clock())
         self._set(breaker)
-        if not admission.allowed:
-            raise CompassUnavailable("circuit breaker open", retry_after=admission.retry_after)
+        if not permit.allowed:
+            raise CompassUnavailable("circuit breaker open", retry_after=permit.retry_after)
         probe = breaker.state is cb.State.HALF_OPEN
         verdict: Verdict | None = None  # None: no verdict on Director
         served = _SERVED.get()
         request = served.request if served is not None else None
         if request is not None and request.finished:
             request = None  # a task its request started, outliving it: on its own now
-        owed = then if request is None else 0  # an admitted request's calls are booked
+        owed = then if request is None else 0  # an admitted request's calls are reserved
         if request is not None:
-            self._admissions.asking(request)  # in the queue in front of Director from now on
+            self._admitted.asking(request)  # in the queue in front of Director from now on
         self._owed_follow_ups += owed
         try:
-            granted = await self._slot(follow_up=follow_up, booked=request is not None)
+            granted = await self._slot(follow_up=follow_up, reserved=request is not None)
             try:
                 if not cb.may_leave_queue(self._breaker, probe=probe):
                     raise CompassUnavailable(
@@ -284,10 +244,10 @@ class DirectorGuard:
             self._owed_follow_ups -= owed
             self._settle(verdict, probe=probe, subject=subject)
 
-    async def _slot(self, *, follow_up: bool, booked: bool) -> float:
+    async def _slot(self, *, follow_up: bool, reserved: bool) -> float:
         """Waits for a slot (follow-ups first); answers when it was granted."""
-        waiting = int(not booked)
-        self._unbooked_waiting += waiting
+        waiting = int(not reserved)
+        self._unreserved_waiting += waiting
         try:
             return await self._slots.acquire(
                 FOLLOW_UP if follow_up else FIRST_CALL, 2 * self._queue_timeout
@@ -299,30 +259,30 @@ class DirectorGuard:
                 extra={
                     "waited_seconds": 2 * self._queue_timeout,
                     "follow_up": follow_up,
-                    "estimate_seconds": round(self.calendar.latency, 3),
+                    "estimate_seconds": round(self.schedule.latency, 3),
                 },
             )
             raise CompassUnavailable("too many Director calls in flight", retry_after=1.0) from None
         finally:
-            self._unbooked_waiting -= waiting
+            self._unreserved_waiting -= waiting
 
     async def _timed(
-        self, fn: Callable[[], Awaitable[T]], granted: float, request: Request | None
+        self, fn: Callable[[], Awaitable[T]], granted: float, request: AdmittedRequest | None
     ) -> T:
         """`fn()` on the slot granted at `granted`. The slot as this process holds it, from its
         grant to the answer (Director's latency and the broker's own delays around it: the loop
-        resuming the waiter, the check on the caller, parsing the answer), is what the calendar
-        prices: the request's, or a call's of its own outside any request (`admission`)."""
+        resuming the waiter, the check on the caller, parsing the answer), is what the schedule
+        prices: the request's, or a call's of its own outside any request."""
         try:
             result = await fn()
         except BaseException:
             if request is not None:
-                self._admissions.spent(request, self._clock() - granted, ok=False)
+                self._admitted.spent(request, self._clock() - granted, ok=False)
             raise
         if request is not None:
-            self._admissions.spent(request, self._clock() - granted, ok=True)
+            self._admitted.spent(request, self._clock() - granted, ok=True)
         else:
-            self.calendar.observe(self._clock() - granted)
+            self.schedule.observe(self._clock() - granted)
         return result
 
     def _settle(self, verdict: Verdict | None, *, probe: bool, subject: str) -> None:

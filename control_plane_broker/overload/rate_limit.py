@@ -1,7 +1,12 @@
-"""Per-key token buckets (pure functions over frozen state; the clock is passed in).
+"""Per-key token buckets: the per-runtime rate limits (token issues, connection reports, the
+identity-failure budget), so one runtime asking too often delays only itself (429).
 
 A bucket holds at most `burst` tokens and gains `per_second` tokens per second. `take`
 either spends one token or says how long until one is available; `peek` only looks.
+
+Holds: the bucket functions are pure over frozen state (the clock is passed in); `RateLimiter`
+keeps at most `max_keys` buckets, and forgetting one never refuses a key it would have let in.
+Why: docs/design/0013-bounded-per-runtime-state.md.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from control_plane_broker.kyma_reconciler import KymaReconciler
 from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload import circuit_breaker as cb
-from control_plane_broker.overload.director_limiter import DirectorGuard
+from control_plane_broker.overload.director_limiter import DirectorLimiter
 from control_plane_broker.registration.service import RegistrationService
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.settings import Settings, load_director_credentials
@@ -265,7 +265,7 @@ async def plant(
     )
     status = StatusRecorder(repo=repo, cache=mappings, events=events, clock=time.time)
     clients = [httpx.AsyncClient(timeout=3, trust_env=False) for _ in range(2)]
-    guard = DirectorGuard(
+    guard = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=5, open_seconds=1),
         max_concurrency=4,
         queue_timeout=5,
@@ -277,7 +277,7 @@ async def plant(
         scope=settings.director_scope,
         clock=time.monotonic,
     )
-    director = DirectorClient(http=clients[0], url=sim.director_url, oauth=oauth, guard=guard)
+    director = DirectorClient(http=clients[0], url=sim.director_url, oauth=oauth, limiter=guard)
     registration = RegistrationService(
         settings=settings,
         repo=repo,

@@ -71,7 +71,15 @@ class World:
 def issuer_with(cache: Any, touched: list[str], **given: Any) -> TokenIssuer:
     parts: dict[str, Any] = {
         name: Untouchable(name, touched)
-        for name in ("verifier", "gate", "registration", "director", "guard", "status", "limiter")
+        for name in (
+            "verifier",
+            "gate",
+            "registration",
+            "director",
+            "director_limiter",
+            "status",
+            "limiter",
+        )
     }
     parts |= given
     return TokenIssuer(settings=Settings(), cache=cache, clock=lambda: 0.0, **parts)

@@ -28,10 +28,10 @@ from control_plane_broker.director.classification import (
 )
 from control_plane_broker.director.client import MAX_PAGES, DirectorClient
 from control_plane_broker.director.oauth import OAuthTokenSource, refresh_at
-from control_plane_broker.errors import CallerGone, CompassUnavailable, TurnBooked
+from control_plane_broker.errors import CallerGone, CapacityReserved, CompassUnavailable
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload import circuit_breaker as cb
-from control_plane_broker.overload.director_limiter import DirectorGuard
+from control_plane_broker.overload.director_limiter import DirectorLimiter
 from control_plane_broker.settings import DirectorCredentials, load_director_credentials
 from control_plane_broker.singleflight import SingleFlight
 from tests.unit.broker.conditions import until
@@ -80,9 +80,9 @@ class FakeDirector:
 
 def make(
     fake: FakeDirector, clock: Clock, *, threshold: int = 3, max_concurrency: int = 4
-) -> tuple[DirectorClient, DirectorGuard, httpx.AsyncClient]:
+) -> tuple[DirectorClient, DirectorLimiter, httpx.AsyncClient]:
     http = httpx.AsyncClient(transport=httpx.MockTransport(fake.handler))
-    guard = DirectorGuard(
+    guard = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=threshold, open_seconds=10),
         max_concurrency=max_concurrency,
         queue_timeout=0.2,
@@ -90,7 +90,7 @@ def make(
     )
     oauth = OAuthTokenSource(http, CREDS, scope="runtime:read runtime:write", clock=clock)
     return (
-        DirectorClient(http=http, url="https://director.test/graphql", oauth=oauth, guard=guard),
+        DirectorClient(http=http, url="https://director.test/graphql", oauth=oauth, limiter=guard),
         guard,
         http,
     )
@@ -258,14 +258,14 @@ async def test_concurrency_limit_bounds_calls_in_flight() -> None:
         return ok({"runtimes": EMPTY_PAGE})
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    guard = DirectorGuard(
+    guard = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=10),
         max_concurrency=2,
         queue_timeout=5,
         clock=Clock(),
     )
     oauth = OAuthTokenSource(http, CREDS, scope="s", clock=Clock())
-    client = DirectorClient(http=http, url="https://d/graphql", oauth=oauth, guard=guard)
+    client = DirectorClient(http=http, url="https://d/graphql", oauth=oauth, limiter=guard)
     tasks = [
         asyncio.create_task(client.runtimes_by_label(tenant="t", key="k", value="v"))
         for _ in range(6)
@@ -363,7 +363,7 @@ async def test_calls_queued_when_the_breaker_opens_do_not_reach_director() -> No
     """An outage must not be followed by the queue that built up in it: no call leaves
     the process once the breaker is open, also none that waited for a slot."""
     clock = Clock()
-    guard = DirectorGuard(
+    guard = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
         max_concurrency=1,
         queue_timeout=5,
@@ -399,7 +399,7 @@ async def test_a_call_whose_caller_hung_up_in_the_queue_does_not_reach_director(
     """A token nobody would receive is not requested: the check comes once the call holds its
     slot (the caller may leave at any time before), the slot goes to the next call at once, and
     Director's health is not judged by it."""
-    guard = DirectorGuard(
+    guard = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
         max_concurrency=1,
         queue_timeout=5,
@@ -442,9 +442,9 @@ async def test_a_call_whose_caller_hung_up_in_the_queue_does_not_reach_director(
     assert guard._slots.waiting == 0
 
 
-async def test_the_admission_gauges_show_calls_in_flight_waiting_and_booked_ahead() -> None:
+async def test_the_admission_gauges_show_calls_in_flight_waiting_and_reserved_ahead() -> None:
     clock = Clock()
-    guard = DirectorGuard(
+    guard = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=30),
         max_concurrency=1,
         queue_timeout=1,
@@ -460,8 +460,8 @@ async def test_the_admission_gauges_show_calls_in_flight_waiting_and_booked_ahea
     calls = [asyncio.create_task(guard.call(held)) for _ in range(3)]
     await until(lambda: guard._slots.waiting == 2, what="two calls behind the first")
     for i in range(10):  # 10 · 0.1 s booked at one slot: the last ones are deferred
-        with contextlib.suppress(TurnBooked):
-            guard.book(f"rt-{i}", calls=1)
+        with contextlib.suppress(CapacityReserved):
+            guard.reserve(f"rt-{i}", calls=1)
     text = generate_latest(metrics.registry).decode()
     gauges = {
         name: float(value)
@@ -479,14 +479,14 @@ async def test_the_admission_gauges_show_calls_in_flight_waiting_and_booked_ahea
         "broker_director_calendar_shift_seconds": 0.0,
         "broker_director_slot_timeouts_total": 0.0,
     }
-    assert guard.snapshot().tickets == guard.calendar.tickets() > 0
+    assert guard.snapshot().reservations == guard.schedule.reservations() > 0
     release.set()
     await asyncio.gather(*calls)
     assert (guard.snapshot().in_flight, guard.snapshot().waiting) == (0, 0)
 
 
 async def test_a_call_that_finds_no_slot_in_time_is_refused_and_counted() -> None:
-    guard = DirectorGuard(
+    guard = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=30),
         max_concurrency=1,
         queue_timeout=0.05,
@@ -691,14 +691,14 @@ async def test_follow_up_token_request_goes_before_waiting_first_calls() -> None
         return ok({"runtimes": EMPTY_PAGE})
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    guard = DirectorGuard(
+    guard = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=10),
         max_concurrency=1,
         queue_timeout=5,
         clock=Clock(),
     )
     oauth = OAuthTokenSource(http, CREDS, scope="s", clock=Clock())
-    client = DirectorClient(http=http, url="https://d/graphql", oauth=oauth, guard=guard)
+    client = DirectorClient(http=http, url="https://d/graphql", oauth=oauth, limiter=guard)
     holder = asyncio.create_task(client.unregister_runtime(tenant="t", runtime_id="holder"))
     await until(lambda: order == ["holder"], what="the holder's call")
     first = asyncio.create_task(client.runtimes_by_label(tenant="t", key="k", value="first"))

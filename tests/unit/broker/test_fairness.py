@@ -1,6 +1,6 @@
 """Issue 28, items 1-4 without network: cheap refusals come before any request, a failure
-budget and a share per runtime ID, a stalled API server remembered per cluster, the door's
-share per runtime ID and its pace, and state that stays bounded whatever IDs callers send."""
+budget and a share per runtime ID, a stalled API server remembered per cluster, the mw's
+share per runtime ID and its limit, and state that stays bounded whatever IDs callers send."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.types import Message, Receive, Scope, Send
 
-from control_plane_broker.api.first_contact_middleware import Door, leave_door
+from control_plane_broker.api.first_contact_middleware import (
+    FirstContactLimitMiddleware,
+    release_first_contact_place,
+)
 from control_plane_broker.errors import (
     ControlPlaneUnavailable,
     FirstContactsBusy,
@@ -231,13 +234,13 @@ async def test_an_api_server_that_timed_out_is_not_asked_again_for_a_while() -> 
     world.handler = stalled  # type: ignore[method-assign]
     inner, runtime_access, kcp = tokenreview(world, clock=lambda: now[0])
     discounted = []
-    token = first_contact_limit.holding(lambda: discounted.append(1))
+    token = first_contact_limit.track_hold(lambda: discounted.append(1))
     try:
         with pytest.raises(ControlPlaneUnavailable):
             await inner.verify(runtime_id="RT-A", headers=bearer(sa_token()))
     finally:
-        first_contact_limit.released(token)
-    assert discounted == [1]  # the door is told: not a measure of its pace
+        first_contact_limit.untrack_hold(token)
+    assert discounted == [1]  # the mw is told: not a measure of its limit
     for runtime_id in ("RT-A", "RT-B"):
         with pytest.raises(ControlPlaneUnavailable) as caught:
             await inner.verify(runtime_id=runtime_id, headers=bearer(sa_token()))
@@ -252,7 +255,7 @@ async def test_an_api_server_that_timed_out_is_not_asked_again_for_a_while() -> 
     await kcp.aclose()
 
 
-# --- item 1: the door's share per runtime ID and its pace ---------------------------------------
+# --- item 1: the mw's share per runtime ID and its limit ---------------------------------------
 
 
 def http(runtime: str) -> Scope:
@@ -273,13 +276,13 @@ class App:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = scope["path"].split("/")[3]
         self.inside.append(runtime)
-        self.leave.append(leave_door(scope))
+        self.leave.append(release_first_contact_place(scope))
         if runtime in self.stall:
             await self.go.wait()
             first_contact_limit.discount_hold()  # as the identity check does after a timeout
 
 
-async def test_one_runtime_id_holds_at_most_its_share_of_the_door() -> None:
+async def test_one_runtime_id_holds_at_most_its_share_of_the_first_contact_limit() -> None:
     app = App()
     app.stall.add("stalled")
     sent: list[int] = []
@@ -288,31 +291,33 @@ async def test_one_runtime_id_holds_at_most_its_share_of_the_door() -> None:
         if message["type"] == "http.response.start":
             sent.append(message["status"])
 
-    door = Door(app, capacity=8, per_runtime=2, is_known=lambda _: False, max_wait=5.0)
-    attackers = [asyncio.create_task(door(http("stalled"), receive, send)) for _ in range(48)]
+    mw = FirstContactLimitMiddleware(
+        app, capacity=8, per_runtime=2, is_known=lambda _: False, max_wait=5.0
+    )
+    attackers = [asyncio.create_task(mw(http("stalled"), receive, send)) for _ in range(48)]
     await until(lambda: app.inside.count("stalled") == 2)
-    assert door.waiting == 0  # the others wait in the runtime's own line, not the shared one
-    legit = [asyncio.create_task(door(http(f"rt-{i}"), receive, send)) for i in range(20)]
+    assert mw.waiting == 0  # the others wait in the runtime's own line, not the shared one
+    legit = [asyncio.create_task(mw(http(f"rt-{i}"), receive, send)) for i in range(20)]
     await until(lambda: sum(t.done() for t in legit) == 20)
     assert sorted(r for r in app.inside if r != "stalled") == sorted(f"rt-{i}" for i in range(20))
     assert app.inside.count("stalled") == 2
-    hold_before = door.pace.hold
+    hold_before = mw.limit.hold
     app.go.set()
     await asyncio.gather(*attackers)
-    assert door.pace.hold <= hold_before  # stalled holds were not learned from
-    assert door.lines() == 0
+    assert mw.limit.hold <= hold_before  # stalled holds were not learned from
+    assert mw.runtime_queues() == 0
 
 
 async def test_a_runtime_proven_while_its_requests_waited_walks_past() -> None:
     app = App()
     app.stall.add("rt")
     known: set[str] = set()
-    door = Door(app, capacity=4, per_runtime=1, is_known=lambda r: r in known)
+    mw = FirstContactLimitMiddleware(app, capacity=4, per_runtime=1, is_known=lambda r: r in known)
 
     async def send(_: Message) -> None:
         return None
 
-    tasks = [asyncio.create_task(door(http("rt"), receive, send)) for _ in range(25)]
+    tasks = [asyncio.create_task(mw(http("rt"), receive, send)) for _ in range(25)]
     await until(lambda: len(app.inside) == 1)
     known.add("rt")  # the first proved the runtime
     leave = app.leave[0]

@@ -1,4 +1,4 @@
-"""The door in front of the app: first contacts come in a few at a time, in arrival order, and
+"""The mw in front of the app: first contacts come in a few at a time, in arrival order, and
 leave their place when their identity check is over; known runtimes and other paths walk past."""
 
 from __future__ import annotations
@@ -11,11 +11,15 @@ import pytest
 from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
-from control_plane_broker.api.first_contact_middleware import Door, Pace, leave_door
+from control_plane_broker.api.first_contact_middleware import (
+    FirstContactLimitMiddleware,
+    release_first_contact_place,
+)
 from control_plane_broker.errors import IdentityNotProven
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.identity.verifier import CountingVerifier
 from control_plane_broker.metrics import Metrics
+from control_plane_broker.overload.first_contact_limit import FirstContactLimit
 from control_plane_broker.settings import Settings
 from tests.unit.broker.conditions import until
 
@@ -45,7 +49,7 @@ class App:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         name = scope["path"]
         self.inside.append(name)
-        self.leave[name] = leave_door(scope)
+        self.leave[name] = release_first_contact_place(scope)
         await self.go.setdefault(name, asyncio.Event()).wait()
 
     def release(self, name: str) -> None:
@@ -58,12 +62,12 @@ def token_path(i: int) -> str:
 
 async def test_unknown_runtimes_come_in_a_few_at_a_time_in_arrival_order() -> None:
     app = App()
-    door = Door(app, capacity=2, is_known=lambda _: False)
+    mw = FirstContactLimitMiddleware(app, capacity=2, is_known=lambda _: False)
     tasks = []
     for i in range(5):
-        tasks.append(asyncio.create_task(door(http(token_path(i)), receive, send)))
+        tasks.append(asyncio.create_task(mw(http(token_path(i)), receive, send)))
         await asyncio.sleep(0)  # arrival order is creation order
-    await until(lambda: len(app.inside) == 2 and door.waiting == 3)
+    await until(lambda: len(app.inside) == 2 and mw.waiting == 3)
     assert app.inside == [token_path(0), token_path(1)]
     # The first leaves its place when its identity check is over, still inside the app: the
     # next in line comes in although the first has not answered yet.
@@ -75,7 +79,7 @@ async def test_unknown_runtimes_come_in_a_few_at_a_time_in_arrival_order() -> No
     leave()  # a second call gives nothing more up
     await asyncio.sleep(0.01)
     assert len(app.inside) == 3
-    assert door.waiting == 2
+    assert mw.waiting == 2
     # The second ends without calling it: its place is given up at the end of the request.
     app.release(token_path(1))
     await until(lambda: len(app.inside) == 4)
@@ -84,42 +88,44 @@ async def test_unknown_runtimes_come_in_a_few_at_a_time_in_arrival_order() -> No
         app.release(token_path(i))
     await asyncio.gather(*tasks)
     assert app.inside == [token_path(i) for i in range(5)]
-    assert door.waiting == 0
+    assert mw.waiting == 0
 
 
 async def test_a_request_that_fails_inside_gives_its_place_up() -> None:
     async def failing(scope: Scope, receive: Receive, send: Send) -> None:
         raise RuntimeError("boom")
 
-    door = Door(failing, capacity=1, is_known=lambda _: False)
+    mw = FirstContactLimitMiddleware(failing, capacity=1, is_known=lambda _: False)
     for _ in range(3):  # with the place lost, the second would wait forever
         with pytest.raises(RuntimeError):
-            await asyncio.wait_for(door(http(token_path(0)), receive, send), timeout=1.0)
+            await asyncio.wait_for(mw(http(token_path(0)), receive, send), timeout=1.0)
 
 
 async def test_a_request_cancelled_while_waiting_leaves_no_place_taken() -> None:
     app = App()
-    door = Door(app, capacity=1, is_known=lambda _: False)
-    first = asyncio.create_task(door(http(token_path(0)), receive, send))
+    mw = FirstContactLimitMiddleware(app, capacity=1, is_known=lambda _: False)
+    first = asyncio.create_task(mw(http(token_path(0)), receive, send))
     await until(lambda: len(app.inside) == 1)
-    waiting = asyncio.create_task(door(http(token_path(1)), receive, send))
-    await until(lambda: door.waiting == 1)
+    waiting = asyncio.create_task(mw(http(token_path(1)), receive, send))
+    await until(lambda: mw.waiting == 1)
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
-    assert door.waiting == 0
+    assert mw.waiting == 0
     app.release(token_path(0))
     await first
-    third = asyncio.create_task(door(http(token_path(2)), receive, send))
+    third = asyncio.create_task(mw(http(token_path(2)), receive, send))
     await until(lambda: token_path(2) in app.inside)
     app.release(token_path(2))
     await third
 
 
-async def test_known_runtimes_and_other_requests_walk_past_a_full_door() -> None:
+async def test_known_runtimes_and_other_requests_pass_a_full_limit() -> None:
     app = App()
     known = f"{RUNTIME[:-2]}99"
-    door = Door(app, capacity=1, is_known=lambda runtime_id: runtime_id == known)
-    held = asyncio.create_task(door(http(token_path(0)), receive, send))
+    mw = FirstContactLimitMiddleware(
+        app, capacity=1, is_known=lambda runtime_id: runtime_id == known
+    )
+    held = asyncio.create_task(mw(http(token_path(0)), receive, send))
     await until(lambda: len(app.inside) == 1)
     walk_past = [
         http(f"/v1/runtimes/{known}/token"),
@@ -130,8 +136,8 @@ async def test_known_runtimes_and_other_requests_walk_past_a_full_door() -> None
     ]
     for scope in walk_past:
         app.release(scope["path"])
-        await asyncio.wait_for(door(scope, receive, send), timeout=1.0)
-    assert door.waiting == 0
+        await asyncio.wait_for(mw(scope, receive, send), timeout=1.0)
+    assert mw.waiting == 0
     # They held no place: nothing to give up.
     assert all(app.leave[scope["path"]] is None for scope in walk_past)
     app.release(token_path(0))
@@ -140,12 +146,12 @@ async def test_known_runtimes_and_other_requests_walk_past_a_full_door() -> None
 
 async def test_a_report_of_an_unknown_runtime_waits_like_a_token_request() -> None:
     app = App()
-    door = Door(app, capacity=1, is_known=lambda _: False)
-    held = asyncio.create_task(door(http(token_path(0)), receive, send))
+    mw = FirstContactLimitMiddleware(app, capacity=1, is_known=lambda _: False)
+    held = asyncio.create_task(mw(http(token_path(0)), receive, send))
     await until(lambda: len(app.inside) == 1)
     report = f"/v1/runtimes/{RUNTIME}/connection"
-    parked = asyncio.create_task(door(http(report), receive, send))
-    await until(lambda: door.waiting == 1)
+    parked = asyncio.create_task(mw(http(report), receive, send))
+    await until(lambda: mw.waiting == 1)
     assert report not in app.inside
     app.release(token_path(0))
     app.release(report)
@@ -190,7 +196,7 @@ async def test_the_verifier_remembers_who_proved_recently_and_only_them() -> Non
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "many", "1.5"])
-def test_a_door_without_places_or_a_garbled_size_is_refused_at_start(
+def test_a_first_contact_limit_without_places_or_a_garbled_size_is_refused_at_start(
     value: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BROKER_FIRST_CONTACTS_IN_PROGRESS", value)
@@ -198,46 +204,46 @@ def test_a_door_without_places_or_a_garbled_size_is_refused_at_start(
         Settings()
 
 
-def test_the_door_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_limit_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BROKER_FIRST_CONTACTS_IN_PROGRESS", "8")
     assert Settings().first_contacts_in_progress == 8
     monkeypatch.delenv("BROKER_FIRST_CONTACTS_IN_PROGRESS")
     assert Settings().first_contacts_in_progress == 32
 
 
-def test_the_pace_lets_a_newcomer_wait_only_when_its_place_comes_within_max_wait() -> None:
-    pace = Pace(capacity=10, max_wait=5.0, hold=0.1)  # 100 a second
-    assert pace.per_second() == pytest.approx(100.0)
-    assert pace.turn_for(ahead=0, now=0.0) is None
-    assert pace.turn_for(ahead=500, now=0.0) is None  # 5 s: just in time
-    first = pace.turn_for(ahead=501, now=0.0)
+def test_the_rate_lets_a_newcomer_wait_only_when_its_place_comes_within_max_wait() -> None:
+    limit = FirstContactLimit(capacity=10, max_wait=5.0, hold=0.1)  # 100 a second
+    assert limit.per_second() == pytest.approx(100.0)
+    assert limit.refusal_wait(ahead=0, now=0.0) is None
+    assert limit.refusal_wait(ahead=500, now=0.0) is None  # 5 s: just in time
+    first = limit.refusal_wait(ahead=501, now=0.0)
     assert first == pytest.approx(5.01)
-    # The refused are spread at the pace the door lets them in, not sent back at once.
-    second = pace.turn_for(ahead=501, now=0.0)
-    third = pace.turn_for(ahead=501, now=0.0)
+    # The refused are spread at the limit the mw lets them in, not sent back at once.
+    second = limit.refusal_wait(ahead=501, now=0.0)
+    third = limit.refusal_wait(ahead=501, now=0.0)
     assert second == pytest.approx(5.02)
     assert third == pytest.approx(5.03)
     # A line longer than what was promised puts the turn behind that line.
-    assert pace.turn_for(ahead=2_000, now=0.0) == pytest.approx(20.0)
+    assert limit.refusal_wait(ahead=2_000, now=0.0) == pytest.approx(20.0)
     # Turns are bounded by the agent's longest backoff, however long the line.
-    assert pace.turn_for(ahead=10**9, now=0.0) == pytest.approx(pace.longest_turn)
+    assert limit.refusal_wait(ahead=10**9, now=0.0) == pytest.approx(limit.longest_wait)
     # Promised turns are not reservations: once they are past, a short line lets one wait.
-    assert pace.turn_for(ahead=3, now=400.0) is None
+    assert limit.refusal_wait(ahead=3, now=400.0) is None
 
 
-def test_the_pace_follows_how_long_a_place_is_held() -> None:
-    pace = Pace(capacity=32, max_wait=5.0, hold=0.1)
+def test_the_rate_follows_how_long_a_place_is_held() -> None:
+    limit = FirstContactLimit(capacity=32, max_wait=5.0, hold=0.1)
     for _ in range(100):
-        pace.observe(0.4)
-    assert pace.hold == pytest.approx(0.4, rel=1e-3)
-    assert pace.per_second() == pytest.approx(80.0, rel=1e-3)
+        limit.observe(0.4)
+    assert limit.hold == pytest.approx(0.4, rel=1e-3)
+    assert limit.per_second() == pytest.approx(80.0, rel=1e-3)
     # 80 a second for 5 s: the 401st in line would wait too long.
-    assert pace.turn_for(ahead=399, now=0.0) is None
-    assert pace.turn_for(ahead=401, now=0.0) is not None
+    assert limit.refusal_wait(ahead=399, now=0.0) is None
+    assert limit.refusal_wait(ahead=401, now=0.0) is not None
 
 
 class Answers:
-    """What the door sent: status, headers and the problem body."""
+    """What the mw sent: status, headers and the problem body."""
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
@@ -261,16 +267,18 @@ class Answers:
 async def test_a_newcomer_behind_a_line_too_long_for_its_timeout_is_answered_at_once() -> None:
     app = App()
     refused: list[str] = []
-    door = Door(app, capacity=1, is_known=lambda _: False, max_wait=1.5, on_refused=refused.append)
+    mw = FirstContactLimitMiddleware(
+        app, capacity=1, is_known=lambda _: False, max_wait=1.5, on_refused=refused.append
+    )
     # One place held 1 s: 1 a second; with 2 in line a newcomer would wait 2 s.
-    door.pace.hold = 1.0
-    tasks = [asyncio.create_task(door(http(token_path(0)), receive, send))]
+    mw.limit.hold = 1.0
+    tasks = [asyncio.create_task(mw(http(token_path(0)), receive, send))]
     await until(lambda: len(app.inside) == 1)
     for i in (1, 2):
-        tasks.append(asyncio.create_task(door(http(token_path(i)), receive, send)))
-        await until(lambda i=i: door.waiting == i)  # type: ignore[misc]
+        tasks.append(asyncio.create_task(mw(http(token_path(i)), receive, send)))
+        await until(lambda i=i: mw.waiting == i)  # type: ignore[misc]
     answers = Answers()
-    await asyncio.wait_for(door(http(token_path(3)), receive, answers), timeout=1.0)
+    await asyncio.wait_for(mw(http(token_path(3)), receive, answers), timeout=1.0)
     assert token_path(3) not in app.inside  # no work done for it
     assert answers.status == 503
     assert answers.headers["content-type"] == "application/problem+json"
@@ -278,7 +286,7 @@ async def test_a_newcomer_behind_a_line_too_long_for_its_timeout_is_answered_at_
     assert str(answers.body["type"]).endswith(":first-contacts-busy")
     assert answers.body["instance"] == token_path(3)
     assert refused == ["token"]
-    assert door.waiting == 2  # the line is as it was
+    assert mw.waiting == 2  # the line is as it was
     for i in range(3):
         app.release(token_path(i))
     await asyncio.gather(*tasks)
@@ -287,31 +295,33 @@ async def test_a_newcomer_behind_a_line_too_long_for_its_timeout_is_answered_at_
 
 async def test_a_newcomer_still_parked_after_twice_max_wait_is_answered_and_frees_nothing() -> None:
     app = App()
-    door = Door(app, capacity=1, is_known=lambda _: False, max_wait=0.05)
-    held = asyncio.create_task(door(http(token_path(0)), receive, send))
+    mw = FirstContactLimitMiddleware(app, capacity=1, is_known=lambda _: False, max_wait=0.05)
+    held = asyncio.create_task(mw(http(token_path(0)), receive, send))
     await until(lambda: len(app.inside) == 1)
     answers = Answers()
-    await asyncio.wait_for(door(http(token_path(1)), receive, answers), timeout=1.0)
+    await asyncio.wait_for(mw(http(token_path(1)), receive, answers), timeout=1.0)
     assert answers.status == 503
-    assert door.waiting == 0
+    assert mw.waiting == 0
     assert token_path(1) not in app.inside
     # The place held inside is still held (the timeout took none): the next one waits for it.
     app.release(token_path(0))
     await held
-    follower = asyncio.create_task(door(http(token_path(2)), receive, send))
+    follower = asyncio.create_task(mw(http(token_path(2)), receive, send))
     await until(lambda: token_path(2) in app.inside)
     app.release(token_path(2))
     await follower
 
 
-async def test_a_place_given_up_teaches_the_door_its_pace() -> None:
+async def test_a_place_given_up_teaches_the_first_contact_limit_its_rate() -> None:
     now = [0.0]
     app = App()
-    door = Door(app, capacity=1, is_known=lambda _: False, clock=lambda: now[0])
-    door.pace.smoothing = 1.0
-    task = asyncio.create_task(door(http(token_path(0)), receive, send))
+    mw = FirstContactLimitMiddleware(
+        app, capacity=1, is_known=lambda _: False, clock=lambda: now[0]
+    )
+    mw.limit.smoothing = 1.0
+    task = asyncio.create_task(mw(http(token_path(0)), receive, send))
     await until(lambda: len(app.inside) == 1)
     now[0] = 0.75
     app.release(token_path(0))
     await task
-    assert door.pace.hold == pytest.approx(0.75)
+    assert mw.limit.hold == pytest.approx(0.75)

@@ -19,6 +19,7 @@ from control_plane_broker.director.classification import (
 )
 from control_plane_broker.errors import (
     CallerGone,
+    CapacityReserved,
     CompassTenantUnknown,
     CompassUnavailable,
     IdentityNotProven,
@@ -26,14 +27,13 @@ from control_plane_broker.errors import (
     RateLimited,
     RuntimeNotFound,
     RuntimeRevoked,
-    TurnBooked,
 )
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.issuing import TokenIssuer
 from control_plane_broker.kyma import KymaView
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload import circuit_breaker as cb
-from control_plane_broker.overload.director_limiter import CallerPresent, DirectorGuard
+from control_plane_broker.overload.director_limiter import CallerPresent, DirectorLimiter
 from control_plane_broker.overload.rate_limit import BucketPolicy, RateLimiter
 from control_plane_broker.registration.service import Registered
 from control_plane_broker.registration.state import Mapping as MappingRecord
@@ -193,20 +193,20 @@ class Clock:
 class World:
     recorder: Recorder
     issuer: TokenIssuer
-    guard: DirectorGuard
+    guard: DirectorLimiter
     clock: Clock
 
 
 def world(*, burst: int = 5, max_concurrency: int = 1, queue_timeout: float = 1.0) -> World:
     recorder = Recorder()
     clock = Clock()
-    guard = DirectorGuard(
+    guard = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
         max_concurrency=max_concurrency,
         queue_timeout=queue_timeout,
         clock=clock,
     )
-    guard.calendar.latency = 0.125  # exact in binary: a call books 1/8 s of one slot
+    guard.schedule.latency = 0.125  # exact in binary: a call books 1/8 s of one slot
     issuer = TokenIssuer(
         settings=Settings(),
         cache=recorder,
@@ -219,7 +219,7 @@ def world(*, burst: int = 5, max_concurrency: int = 1, queue_timeout: float = 1.
         ),
         registration=Registration(recorder),  # type: ignore[arg-type]
         director=Director(recorder),  # type: ignore[arg-type]
-        guard=guard,
+        director_limiter=guard,
         status=Status(recorder),  # type: ignore[arg-type]
         limiter=RateLimiter(BucketPolicy(burst=burst, per_second=1 / 60)),
         clock=clock,
@@ -243,7 +243,9 @@ async def test_identity_is_proven_before_the_kyma_is_looked_up() -> None:
     assert w.recorder.asked[-2:] == ["verify unknown-rt", "kyma unknown-rt"]
 
 
-async def test_the_door_is_told_when_the_identity_check_is_over_passed_or_not() -> None:
+async def test_the_first_contact_limit_is_told_when_the_identity_check_is_over_passed_or_not() -> (
+    None
+):
     w = world()
 
     def checked() -> None:
@@ -266,30 +268,30 @@ async def test_policy_refusals_cost_no_capacity_and_no_rate() -> None:
     for _ in range(3):
         with pytest.raises(ModuleNotEnabled):
             await w.issuer.issue("rt-1", HEADERS)
-    assert w.guard.calendar.booked_until == 0.0
+    assert w.guard.schedule.reserved_until == 0.0
     w.recorder.kymas["rt-1"] = KYMA
     w.recorder.known = KNOWN
     await w.issuer.issue("rt-1", HEADERS)  # the one token of the burst is still there
 
 
-async def test_a_known_runtime_books_one_call_and_is_not_registered_again() -> None:
+async def test_a_known_runtime_reserves_one_call_and_is_not_registered_again() -> None:
     w = world()
     w.recorder.known = KNOWN
     issued = await w.issuer.issue("RT-1", HEADERS)
     assert (issued.token, issued.compass_runtime_id, issued.tenant) == ("ott-1", "c-1", "ga")
     assert not any(a.startswith("register") for a in w.recorder.asked)
     assert w.recorder.tokens == [("ga", "c-1", False)]
-    assert w.guard.calendar.booked_until == w.clock.now + 0.125  # one call's worth
+    assert w.guard.schedule.reserved_until == w.clock.now + 0.125  # one call's worth
     assert w.recorder.statuses == [("issued", KNOWN)]
 
 
-async def test_an_unknown_runtime_books_two_calls_and_its_token_follows_up() -> None:
+async def test_an_unknown_runtime_reserves_two_calls_and_its_token_follows_up() -> None:
     w = world()
     issued = await w.issuer.issue("rt-1", HEADERS)
     assert "register rt-1" in w.recorder.asked
     assert issued.compass_runtime_id == "c-1"
     assert w.recorder.tokens == [("ga", "c-1", True)]  # served before first calls
-    assert w.guard.calendar.booked_until == w.clock.now + 0.25
+    assert w.guard.schedule.reserved_until == w.clock.now + 0.25
     assert w.recorder.statuses == [("issued", REGISTERED)]
 
 
@@ -301,7 +303,7 @@ async def test_every_caller_gets_its_own_token() -> None:
     assert len(w.recorder.tokens) == 3
 
 
-async def test_an_open_breaker_refuses_with_a_turn_after_the_probe_and_registers_nothing() -> None:
+async def test_an_open_breaker_refuses_with_a_wait_after_the_probe_and_registers_nothing() -> None:
     w = world()
 
     async def outage() -> None:
@@ -315,16 +317,16 @@ async def test_an_open_breaker_refuses_with_a_turn_after_the_probe_and_registers
     assert info.value.retry_after == 29  # the probe's turn, told early by the agents' jitter
     assert not info.value.spread
     # Its turn (after the probe) is booked, so when Director is back it comes at its turn.
-    assert w.guard.calendar.tickets() == 1
+    assert w.guard.schedule.reservations() == 1
     assert not any(a.startswith(("register", "token")) for a in w.recorder.asked)
 
 
-async def test_a_booked_turn_is_told_before_anything_reaches_director() -> None:
+async def test_a_reserved_wait_is_told_before_anything_reaches_director() -> None:
     w = world(queue_timeout=1.0)
     w.recorder.known = KNOWN
     for i in range(9):  # 9 · 1/8 s booked: the next turn is 1.125 s ahead, beyond 1 s
-        w.guard.book(f"other-{i}", calls=1)
-    with pytest.raises(TurnBooked) as info:
+        w.guard.reserve(f"other-{i}", calls=1)
+    with pytest.raises(CapacityReserved) as info:
         await w.issuer.issue("rt-1", HEADERS)
     assert info.value.retry_after == 1.0  # the whole second that gets it there by its turn
     assert w.recorder.tokens == []
@@ -375,7 +377,9 @@ async def test_a_caller_gone_before_its_token_gets_a_registration_but_no_token()
     assert issued.token == "ott-1"
 
 
-async def test_a_caller_gone_before_its_request_is_served_costs_no_proof_and_no_booking() -> None:
+async def test_a_caller_gone_before_its_request_is_served_costs_no_proof_and_no_reservation() -> (
+    None
+):
     w = world()
 
     async def gone() -> bool:
@@ -384,7 +388,7 @@ async def test_a_caller_gone_before_its_request_is_served_costs_no_proof_and_no_
     with pytest.raises(CallerGone):
         await w.issuer.issue("rt-1", HEADERS, caller_present=gone)
     assert w.recorder.asked == []  # not verified, no Kyma looked up
-    assert w.guard.calendar.booked_until == 0.0
+    assert w.guard.schedule.reserved_until == 0.0
 
 
 async def test_a_revoked_runtime_is_refused_once_proven_and_told_on_its_kyma() -> None:
@@ -456,4 +460,4 @@ async def test_a_remembered_tenant_refusal_costs_no_director_call_and_no_capacit
         with pytest.raises(CompassTenantUnknown):
             await w.issuer.issue("rt-1", HEADERS)
     assert not any(a.startswith(("token", "register")) for a in w.recorder.asked)
-    assert w.guard.calendar.tickets() == 0
+    assert w.guard.schedule.reservations() == 0

@@ -89,7 +89,7 @@ def test_flip_moves_transition_time_and_is_told() -> None:
         ),
         (KubeUnavailable("GET x: HTTP 503"), "ControlPlaneUnavailable", "The control plane"),
         (Conflict("PUT x: HTTP 409"), "ControlPlaneUnavailable", "The control plane"),
-        (errors.TurnBooked("booked", retry_after=3), "CapacityBooked", "Compass capacity"),
+        (errors.CapacityReserved("booked", retry_after=3), "CapacityBooked", "Compass capacity"),
         (errors.KymaIncomplete("no label"), "KymaIncomplete", "The Kyma lacks data"),
     ],
 )

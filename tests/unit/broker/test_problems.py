@@ -62,16 +62,19 @@ def test_problem_types_are_distinct_and_statuses_as_documented() -> None:
     assert statuses["ModuleNotEnabled"] == statuses["KymaDeleting"] == 409
     assert statuses["RateLimited"] == 429
     assert statuses["CompassUnavailable"] == 503
-    assert statuses["TurnBooked"] == statuses["RuntimeKubeconfigInvalid"] == 503
+    assert statuses["CapacityReserved"] == statuses["RuntimeKubeconfigInvalid"] == 503
     assert statuses["InternalError"] == 503
     assert statuses["CompassRejected"] == 502
 
 
-def test_a_booked_turn_is_told_exactly_others_are_spread() -> None:
+def test_a_reservation_is_told_exactly_others_are_spread() -> None:
     # The calendar already spread the herd over Director's capacity: jitter would only make
     # agents miss their turn. Refusals a herd receives at once are spread.
     booked = problem_for(
-        errors.TurnBooked("booked", retry_after=7.2), instance="/x", jitter_max=5, rand=lambda: 0.9
+        errors.CapacityReserved("booked", retry_after=7.2),
+        instance="/x",
+        jitter_max=5,
+        rand=lambda: 0.9,
     )
     assert (booked.status, booked.body["type"]) == (503, TYPE_PREFIX + "capacity-booked")
     assert booked.headers["Retry-After"] == "8"
@@ -83,4 +86,4 @@ def test_a_booked_turn_is_told_exactly_others_are_spread() -> None:
     )
     assert other.headers["Retry-After"] == "12"  # ceil(7.2 + 4.5)
     unspread = [c for c in ERRORS if issubclass(c, errors.TemporaryError) and not c.spread]
-    assert unspread == [errors.CompassDown, errors.FirstContactsBusy, errors.TurnBooked]
+    assert unspread == [errors.CapacityReserved, errors.CompassDown, errors.FirstContactsBusy]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from control_plane_broker import errors
-from control_plane_broker.api.first_contact_middleware import Pace
 from control_plane_broker.api.problems import problem_for
-from control_plane_broker.overload.capacity_schedule import advise
+from control_plane_broker.overload.first_contact_limit import FirstContactLimit
+from control_plane_broker.overload.retry_after import header_seconds, reservation_wait
 
 
 def header(exc: errors.BrokerError, *, jitter_max: float, rand: float) -> str:
@@ -20,8 +20,8 @@ def header(exc: errors.BrokerError, *, jitter_max: float, rand: float) -> str:
 
 def first_contact_headers(*, capacity: int, hold: float, ahead: int, times: int) -> list[str]:
     """`times` newcomers refused one after the other with `ahead` in the shared queue."""
-    limit = Pace(capacity=capacity, max_wait=5.0, hold=hold)
-    waits = [limit.turn_for(ahead=ahead, now=0.0) for _ in range(times)]
+    limit = FirstContactLimit(capacity=capacity, max_wait=5.0, hold=hold)
+    waits = [limit.refusal_wait(ahead=ahead, now=0.0) for _ in range(times)]
     return [
         header(errors.FirstContactsBusy("busy", retry_after=wait), jitter_max=5, rand=0.9)
         for wait in waits
@@ -31,8 +31,8 @@ def first_contact_headers(*, capacity: int, hold: float, ahead: int, times: int)
 def reservation_header(wait: float, *, max_wait: float, down: bool = False) -> str:
     """A deferred request whose reservation starts `wait` seconds ahead (`down`: the breaker is
     open and the reservation is after the next probe)."""
-    error = errors.CompassDown if down else errors.TurnBooked
-    exc = error("later", retry_after=advise(wait, max_wait=max_wait))
+    error = errors.CompassDown if down else errors.CapacityReserved
+    exc = error("later", retry_after=reservation_wait(wait, max_wait=max_wait))
     return header(exc, jitter_max=5, rand=0.9)
 
 
@@ -100,3 +100,31 @@ def test_other_refusals_are_rounded_up_with_jitter(
     base: float | None, jitter_max: float, rand: float, expected: str
 ) -> None:
     assert spread_header(base, jitter_max=jitter_max, rand=rand) == expected
+
+
+@pytest.mark.parametrize(
+    ("base", "jitter", "rand", "expected"),
+    [(0.0, 0.0, 0.0, 1), (2.2, 0.0, 0.9, 3), (2.0, 5.0, 0.5, 5), (30.0, 5.0, 0.999, 35)],
+)
+def test_header_seconds_are_whole_seconds_with_jitter(
+    base: float, jitter: float, rand: float, expected: int
+) -> None:
+    assert header_seconds(base, jitter_max=jitter, rand=lambda: rand) == expected
+
+
+@pytest.mark.parametrize(
+    ("wait", "max_wait", "told"),
+    [
+        (0.2, 10.0, 1.0),  # never less than the header's second
+        (5.0, 10.0, 1.0),  # a second of jitter, aimed 2.5 s (max_wait / 4) early: 1.5, whole
+        (9.0, 10.0, 5.0),  # 8 + a second of jitter is its turn; aimed 2.5 s before: 5.5
+        (33.0, 10.0, 27.0),  # a tenth: 30 + 3 is its turn at the latest; 27.5 aims 2.5 s early
+        (125.0, 10.0, 115.0),  # not more than max_wait early: it would be sent away again
+        (33.0, 4.0, 29.0),  # a smaller waiting room: aimed a second early, 29 at the earliest
+        (33.0, 0.0, 33.0),  # no waiting room: exactly its turn
+    ],
+)
+def test_agents_are_told_a_time_that_gets_them_there_by_their_reservation(
+    wait: float, max_wait: float, told: float
+) -> None:
+    assert reservation_wait(wait, max_wait=max_wait) == told

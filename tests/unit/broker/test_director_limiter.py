@@ -1,0 +1,364 @@
+"""The Director limiter (`overload/director_limiter`): breaker, capacity schedule and priority
+slots in front of every Director call, and a request's whole use of the slots."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from control_plane_broker.director.classification import DirectorRetryable
+from control_plane_broker.errors import CapacityReserved, CompassUnavailable
+from control_plane_broker.overload import circuit_breaker as cb
+from control_plane_broker.overload.capacity_schedule import (
+    Admitted,
+    AdmittedRequests,
+    Deferred,
+)
+from control_plane_broker.overload.director_limiter import DirectorLimiter
+from control_plane_broker.overload.retry_after import reservation_wait
+from tests.unit.broker.conditions import until
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def guard(clock: Clock, **kwargs: float) -> DirectorLimiter:
+    return DirectorLimiter(
+        policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
+        max_concurrency=int(kwargs.pop("max_concurrency", 2)),
+        queue_timeout=kwargs.pop("queue_timeout", 1.0),
+        clock=clock,
+    )
+
+
+def test_reserve_refuses_with_the_wait_and_no_jitter() -> None:
+    clock = Clock()
+    g = guard(clock)
+    for i in range(21):
+        g.reserve(f"rt-{i}", calls=1)
+    with pytest.raises(CapacityReserved) as info:
+        g.reserve("late", calls=1)
+    # its turn is 1.05 s ahead: told the whole second that gets it there by then
+    assert info.value.retry_after == reservation_wait(1.05, max_wait=1.0) == 1.0
+    assert (info.value.status, info.value.slug, info.value.spread) == (
+        503,
+        "capacity-booked",
+        False,
+    )
+    clock.now += 1.05
+    g.reserve("late", calls=1)  # its turn: admitted on its ticket
+
+
+async def test_while_open_the_fleet_is_spread_over_reservations_after_the_probe() -> None:
+    clock = Clock()
+    g = guard(clock)
+
+    async def failing() -> None:
+        raise DirectorRetryable("503")
+
+    with pytest.raises(CompassUnavailable):
+        await g.call(failing)
+    assert g.state is cb.State.OPEN
+    turns = []
+    for index in range(100):
+        with pytest.raises(CompassUnavailable) as info:
+            g.refuse_if_open(f"rt-{index}", calls=2)
+        turns.append(info.value.retry_after)
+    # Nobody before the probe; then one after the other at Director's pace, not all at once
+    # (each told the time that gets it there by its turn, see `advise`).
+    per_runtime = 2 * g.schedule.seconds_per_call()
+    assert turns == [reservation_wait(30 + i * per_runtime, max_wait=1.0) for i in range(100)]
+    assert min(turns) >= 29
+    # Asking again before its turn gives the same turn (no second booking).
+    with pytest.raises(CompassUnavailable) as again:
+        g.refuse_if_open("rt-50", calls=2)
+    assert again.value.retry_after == turns[50]
+
+
+async def test_refuse_if_open_is_cheap_and_does_not_take_the_probe() -> None:
+    clock = Clock()
+    g = guard(clock)
+
+    async def failing() -> None:
+        raise DirectorRetryable("503")
+
+    g.refuse_if_open("rt-1", calls=1)  # closed: nothing to refuse
+    with pytest.raises(CompassUnavailable):
+        await g.call(failing)
+    assert g.state is cb.State.OPEN
+    with pytest.raises(CompassUnavailable) as info:
+        g.refuse_if_open("rt-1", calls=1)
+    assert info.value.retry_after == reservation_wait(30, max_wait=1.0) == 29
+    assert not info.value.spread  # the turn is the spread: no random seconds on top
+    clock.now += 30
+    g.refuse_if_open("rt-1", calls=1)  # the probe's turn: not refused ...
+    g.refuse_if_open("rt-1", calls=1)  # ... also when asked twice, since asking takes nothing
+
+    async def probe() -> str:
+        return "ok"
+
+    assert await g.call(probe) == "ok"  # the probe was still there to take
+    assert g.state is cb.State.CLOSED
+
+
+async def test_a_call_outside_any_request_is_measured_from_its_slots_grant() -> None:
+    clock = Clock()
+    g = guard(clock, max_concurrency=1)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        holding.set()
+        await release.wait()
+        clock.now += 1.1
+
+    async def fast() -> None:
+        clock.now += 0.1
+
+    async def late_waiter() -> None:
+        await g.call(fast)
+
+    first = asyncio.create_task(g.call(hold))
+    await holding.wait()
+    waiter = asyncio.create_task(late_waiter())
+    await until(lambda: g.snapshot().waiting == 1)
+    release.set()
+    await first
+    assert g.schedule.latency == pytest.approx(0.1 + 0.2 * 1.0)
+    # The slot was handed over at once, but the loop resumed the waiter only after 0.4 s: the
+    # slot was held (and Director idle) for that time too.
+    clock.now += 0.4
+    await waiter
+    assert g.schedule.latency == pytest.approx(0.3 + 0.2 * (0.5 - 0.3))
+
+
+# --- a request's whole use of the slots -------------------------------------------------------
+
+
+def test_a_finished_request_costs_its_slot_time_per_call_it_reserved() -> None:
+    admissions = AdmittedRequests()
+    request = admissions.admit(2)
+    other = admissions.admit(1)
+    assert admissions.outstanding == 3
+    # Two look-ups it did not book, the registration and the token: four calls held slots.
+    for seconds in (0.05, 0.05, 0.12, 0.08):
+        admissions.spent(request, seconds, ok=True)
+    assert admissions.finish(request) == pytest.approx(0.3 / 2)
+    assert admissions.outstanding == 1
+    assert admissions.finish(request) is None  # once only
+    assert admissions.outstanding == 1
+    assert admissions.finish(other) is None  # no call made: nothing learnt of a call's cost
+    assert admissions.outstanding == 0
+
+
+def test_a_request_with_a_failed_call_teaches_nothing_but_is_no_longer_outstanding() -> None:
+    admissions = AdmittedRequests()
+    request = admissions.admit(2)
+    admissions.spent(request, 0.1, ok=True)
+    admissions.spent(request, 10.0, ok=False)  # a timeout is no pace of Director's
+    assert admissions.finish(request) is None
+    assert admissions.outstanding == 0
+
+
+def test_a_request_is_ahead_from_its_first_call_with_what_its_calls_have_not_held_yet() -> None:
+    admissions = AdmittedRequests()
+    request = admissions.admit(2)
+    assert admissions.ahead(0.1) == 0  # admitted, still in the broker's own work
+    admissions.asking(request)  # its first call asks for a slot
+    assert admissions.ahead(0.1) == 2
+    admissions.asking(request)  # its second: the request is in the queue once
+    assert admissions.ahead(0.1) == 2
+    admissions.spent(request, 0.1, ok=True)  # registered
+    assert admissions.ahead(0.1) == pytest.approx(1)
+    other = admissions.admit(2)
+    admissions.asking(other)
+    admissions.spent(request, 0.2, ok=True)  # its token took twice the price ...
+    # ... which is counted against the others' calls: the price is an average.
+    assert admissions.ahead(0.1) == pytest.approx(1)
+    assert admissions.ahead(0.3) == pytest.approx(3)  # by a dearer price, more is left
+    assert admissions.finish(request) == pytest.approx(0.15)
+    assert admissions.ahead(0.1) == pytest.approx(2)  # the other's two calls, none held yet
+    admissions.finish(other)
+    assert (admissions.ahead(0.1), admissions.started, admissions.spent_seconds) == (0, 0, 0)
+    never = admissions.admit(1)  # finished before any call asked: never in the queue
+    assert admissions.finish(never) is None
+    admissions.asking(never)
+    assert admissions.ahead(0.1) == 0
+
+
+async def test_the_schedule_learns_a_requests_slot_time_per_reserved_call_when_it_ends() -> None:
+    clock = Clock()
+    g = guard(clock)
+
+    async def call(seconds: float) -> None:
+        async def fn() -> None:
+            clock.now += seconds
+
+        await g.call(fn)
+
+    async def request() -> None:
+        g.reserve("rt-1", calls=2)
+        for seconds in (0.2, 0.2, 0.5, 0.3):  # two look-ups, register, token
+            await call(seconds)
+        assert g.schedule.latency == 0.1  # nothing learnt before the request is over
+
+    await asyncio.create_task(request())
+    await asyncio.sleep(0)  # the task's end is seen by its done callback
+    assert g.schedule.latency == pytest.approx(0.1 + 0.2 * (1.2 / 2 - 0.1))
+
+
+async def test_admitted_requests_count_in_the_queue_from_first_call_to_last_answer() -> None:
+    clock = Clock()
+    g = guard(clock, max_concurrency=1, queue_timeout=1.0)  # 0.1 s a booked call, one at a time
+    holding, release = asyncio.Event(), asyncio.Event()
+    go, written = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        holding.set()
+        await release.wait()
+        clock.now += 0.1
+
+    async def call() -> None:
+        clock.now += 0.1  # what the calendar prices: its estimate stays put
+
+    async def request(key: str) -> None:
+        g.reserve(key, calls=2)
+        await go.wait()  # admitted, still in the broker's own work (its mapping written to KCP)
+        await g.call(call, then=1)  # registers ...
+        await g.call(call, follow_up=True)  # ... and asks for the token
+        await written.wait()  # its status written to KCP, its answer not sent yet
+
+    tasks = [asyncio.create_task(request(f"rt-{i}")) for i in range(3)]
+    await until(lambda: g._admitted.outstanding == 6)
+    clock.now += 1.0  # their bookings are behind: only the queue can count them now
+    holder = asyncio.create_task(g.call(hold))  # a call of the reconciler's holds the slot
+    await holding.wait()
+    # Admitted, none of their calls asked for a slot yet: not in the queue in front of Director.
+    assert g._queued_calls() == 0
+    go.set()
+    await until(lambda: g.snapshot().waiting == 3)
+    # Their registrations wait for the slot: the six calls they booked are in front (0.6 s).
+    assert g._queued_calls() == pytest.approx(6)
+    # A request of 5 calls is admitted behind them (its turn 0.6 s away), the next is not.
+    assert g.schedule.reserve("new-0", calls=5, now=clock.now, queued_calls=6) == Admitted()
+    assert isinstance(g.schedule.reserve("new-1", calls=1, now=clock.now, queued_calls=6), Deferred)
+    release.set()
+    await holder
+    await until(lambda: g._slots.taken == 0 and g.snapshot().waiting == 0)
+    # Every booked call answered (0.6 s held), the requests still busy with KCP: nothing of
+    # theirs is left in front of Director, though they have not finished.
+    assert g._admitted.outstanding == 6
+    assert g._queued_calls() == pytest.approx(0.0, abs=1e-9)
+    written.set()
+    await asyncio.gather(*tasks)
+    await asyncio.sleep(0)
+    assert (g._admitted.outstanding, g._admitted.started) == (0, 0)
+    assert g.schedule.latency == pytest.approx(0.1)
+
+
+async def test_a_task_that_reserves_again_has_finished_its_last_request() -> None:
+    clock = Clock()
+    g = guard(clock, max_concurrency=1, queue_timeout=100.0)
+
+    async def fn() -> None:
+        clock.now += 0.4
+
+    for i in range(3):
+        g.reserve(f"rt-{i}", calls=2)
+        await g.call(fn)
+        assert g._admitted.outstanding == 2  # only the request it serves now
+    assert g.schedule.latency == pytest.approx(0.1 + 0.2 * (0.2 - 0.1) + 0.2 * (0.2 - 0.12))
+
+
+async def test_a_request_s_calls_are_not_owed_twice_nor_counted_as_unreserved() -> None:
+    clock = Clock()
+    g = guard(clock, max_concurrency=1, queue_timeout=100.0)
+    inside = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        inside.set()
+        await release.wait()
+
+    async def register() -> None:
+        clock.now += 0.1
+
+    async def request() -> None:
+        g.reserve("rt", calls=2)
+        await g.call(register, then=1)
+
+    holder = asyncio.create_task(g.call(hold))
+    await inside.wait()
+    task = asyncio.create_task(request())
+    await until(lambda: g.snapshot().waiting == 1)
+    # the request's two booked calls; the waiting registration and its token are among them
+    assert g._queued_calls() == 2
+    release.set()
+    await asyncio.gather(holder, task)
+    await asyncio.sleep(0)
+    assert g._queued_calls() == 0
+
+
+async def test_a_call_that_finds_no_slot_in_twice_the_queue_timeout_is_refused() -> None:
+    clock = Clock()
+    g = guard(clock, max_concurrency=1, queue_timeout=0.01)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        holding.set()
+        await release.wait()
+
+    async def never() -> None:
+        raise AssertionError("must not run")
+
+    holder = asyncio.create_task(g.call(hold))
+    await holding.wait()
+    with pytest.raises(CompassUnavailable, match="too many Director calls"):
+        await g.call(never)
+    release.set()
+    await holder
+    assert g.state is cb.State.CLOSED  # our own queue, no verdict on Director
+
+
+async def test_the_queue_counts_the_tokens_that_waiting_registrations_will_ask_for() -> None:
+    clock = Clock()
+    g = guard(clock, max_concurrency=1, queue_timeout=1.0)  # 0.1 s a call, one at a time
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        holding.set()
+        await release.wait()
+        clock.now += 0.1  # each call takes what the calendar expects: its estimate stays put
+
+    async def register() -> str:
+        clock.now += 0.1
+        return "registered"
+
+    calls = [asyncio.create_task(g.call(hold))]
+    await holding.wait()
+    # Six registrations wait for the slot; each one's token will go ahead of any first call
+    # queued behind them, so the queue is 12 calls (1.2 s), not 6 (0.6 s): a new request
+    # admitted now would wait past the queue timeout.
+    calls += [asyncio.create_task(g.call(register, then=1)) for _ in range(6)]
+    await until(lambda: g.snapshot().waiting == 6)
+    with pytest.raises(CapacityReserved) as info:
+        g.reserve("behind", calls=1)
+    assert info.value.retry_after == reservation_wait(1.2, max_wait=1.0)
+    release.set()
+    assert await asyncio.gather(*calls) == [None] + ["registered"] * 6
+    # Served, nothing is owed any more: later, nine plain calls waiting (0.9 s) admit a request.
+    clock.now += 2.0
+    holding.clear()
+    release.clear()
+    calls = [asyncio.create_task(g.call(hold))]
+    await holding.wait()
+    calls += [asyncio.create_task(g.call(register)) for _ in range(9)]
+    await until(lambda: g.snapshot().waiting == 9)
+    g.reserve("next", calls=1)
+    release.set()
+    await asyncio.gather(*calls)
