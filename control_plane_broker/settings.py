@@ -60,8 +60,8 @@ class Settings(BaseSettings):
     director_queue_timeout_seconds: float = Field(
         default=10.0,
         description="Longest estimated wait for Director capacity a request is admitted with; "
-        "beyond it the request is answered 503 with Retry-After = its booked turn. Keep it "
-        "well below the agent's timeout (30 s): a request may wait up to twice this long.",
+        "beyond it the request is answered 503 with Retry-After = the start of its reservation. "
+        "Keep it well below the agent's timeout (30 s): a request may wait up to twice this long.",
         gt=0,
     )
     director_scope: str = Field(
