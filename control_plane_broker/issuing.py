@@ -2,7 +2,7 @@
 
 validate the runtime ID → the Kyma cache is synced → the caller still waits → prove the identity →
 not revoked → policy on the cached Kyma → per-runtime rate limit → Director's remembered refusal
-of the Kyma's tenants → circuit breaker → a booked turn at Director's capacity → register (only a
+of the Kyma's tenants → circuit breaker → a reservation of Director's capacity → register (only a
 runtime not registered yet) → request the token (a runtime Director shows gone is forgotten and
 registered again, once).
 

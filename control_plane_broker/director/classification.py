@@ -102,7 +102,7 @@ def may_have_reached_director(exc: BaseException) -> bool:
     """Could the call that failed with `exc` have been carried out by Director?"""
     if isinstance(exc, DirectorRetryable):
         return exc.delivered
-    # Director answered with an error, so it committed nothing; the guard's own refusals
+    # Director answered with an error, so it committed nothing; the Director limiter's refusals
     # (breaker open, no slot) are raised before any call.
     return not isinstance(exc, CompassUnavailable | DirectorFailed | DirectorPermanent)
 

@@ -265,7 +265,7 @@ async def plant(
     )
     status = StatusRecorder(repo=repo, cache=mappings, events=events, clock=time.time)
     clients = [httpx.AsyncClient(timeout=3, trust_env=False) for _ in range(2)]
-    guard = DirectorLimiter(
+    limiter = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=5, open_seconds=1),
         max_concurrency=4,
         queue_timeout=5,
@@ -277,7 +277,7 @@ async def plant(
         scope=settings.director_scope,
         clock=time.monotonic,
     )
-    director = DirectorClient(http=clients[0], url=sim.director_url, oauth=oauth, limiter=guard)
+    director = DirectorClient(http=clients[0], url=sim.director_url, oauth=oauth, limiter=limiter)
     registration = RegistrationService(
         settings=settings,
         repo=repo,

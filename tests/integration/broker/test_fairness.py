@@ -214,5 +214,5 @@ def test_a_stalled_runtime_and_a_flood_of_forgeries_do_not_crowd_out_first_conta
         assert max(seconds for _, seconds in wave) < 10.0, wave
     # The flood ran at the rate asked, give or take a loaded machine's scheduling.
     assert flood["sent"] >= FLOOD_PER_SECOND * 10 * 0.5
-    # The forged tokens for random IDs were refused as unproven, none crowded the door out.
+    # The forged tokens for random IDs were refused as unproven, none crowded the limit out.
     assert set(flood) <= {"401", "sent"}, flood

@@ -22,12 +22,12 @@ SLOT = 1 / 16
 def test_requests_are_admitted_while_their_reservation_is_within_max_wait() -> None:
     cal = schedule()
     verdicts = [cal.reserve(f"rt-{i}", calls=1, now=0.0) for i in range(17)]
-    # turns 0, 1/16, ..., 1.0: the 17th waits exactly max_wait and is still admitted
+    # starts 0, 1/16, ..., 1.0: the 17th waits exactly max_wait and is still admitted
     assert verdicts == [Admitted()] * 17
     assert cal.reserved_until == 17 * SLOT
     assert cal.reservations() == 0
     late = cal.reserve("rt-17", calls=1, now=0.0)
-    assert late == Deferred(wait=17 * SLOT)  # the time until its turn, no more
+    assert late == Deferred(wait=17 * SLOT)  # the time until its reservation, no more
     assert cal.reservations() == 1
 
 
@@ -55,7 +55,7 @@ def test_an_idle_director_admits_at_once_whatever_was_reserved_long_ago() -> Non
 
 
 def deferred(**kwargs: float) -> tuple[CapacitySchedule, float]:
-    """A calendar where `late` was deferred to its turn (2 s ahead), which is returned."""
+    """A schedule where `late` was deferred to its reservation (2 s ahead), which is returned."""
     cal = schedule(**kwargs)
     verdict = cal.reserve("late", calls=1, now=0.0, queued_calls=32)
     assert verdict == Deferred(wait=2.0)
@@ -64,30 +64,30 @@ def deferred(**kwargs: float) -> tuple[CapacitySchedule, float]:
 
 
 def test_a_reservation_is_honoured_when_the_agent_comes_back() -> None:
-    cal, turn = deferred()
-    booked = cal.reserved_until
-    # Too early: told the same turn again, and nothing is booked twice.
-    assert cal.reserve("late", calls=1, now=0.5) == Deferred(wait=turn - 0.5)
-    assert cal.reserved_until == booked
-    # Back within max_wait of its turn: admitted on the capacity kept for it.
-    assert cal.reserve("late", calls=1, now=turn - 1.0) == Admitted()
-    assert cal.reserved_until == booked
+    cal, start = deferred()
+    reserved = cal.reserved_until
+    # Too early: told the same reservation again, and nothing is reserved twice.
+    assert cal.reserve("late", calls=1, now=0.5) == Deferred(wait=start - 0.5)
+    assert cal.reserved_until == reserved
+    # Back within max_wait of its reservation: admitted on the capacity kept for it.
+    assert cal.reserve("late", calls=1, now=start - 1.0) == Admitted()
+    assert cal.reserved_until == reserved
     assert cal.reservations() == 0
-    # The ticket is used up: the next request of that runtime books anew.
-    cal.reserve("late", calls=1, now=turn - 1.0)
-    assert cal.reserved_until == booked + SLOT
+    # The reservation is used up: the next request of that runtime reserves anew.
+    cal.reserve("late", calls=1, now=start - 1.0)
+    assert cal.reserved_until == reserved + SLOT
 
 
 def test_a_reservation_is_honoured_until_it_expires() -> None:
-    cal, turn = deferred(reservation_grace=60.0)
-    booked = cal.reserved_until
-    assert cal.reserve("late", calls=1, now=turn + 59.0) == Admitted()
-    assert cal.reserved_until == booked  # on the ticket, not a new booking
+    cal, start = deferred(reservation_grace=60.0)
+    reserved = cal.reserved_until
+    assert cal.reserve("late", calls=1, now=start + 59.0) == Admitted()
+    assert cal.reserved_until == reserved  # on the reservation, not a new one
 
 
 def test_an_expired_reservation_is_forgotten_and_the_request_reserves_anew() -> None:
-    cal, turn = deferred(reservation_grace=60.0)
-    now = turn + 61.0
+    cal, start = deferred(reservation_grace=60.0)
+    now = start + 61.0
     # Booked like a new request: Director is idle by now, so admitted at once.
     assert cal.reserve("late", calls=1, now=now) == Admitted()
     assert cal.reserved_until == now + SLOT
@@ -97,12 +97,12 @@ def test_an_expired_reservation_is_forgotten_and_the_request_reserves_anew() -> 
 def test_while_director_is_down_a_reservation_keeps_its_place_until_its_reservation() -> None:
     cal = schedule()
     assert cal.reserve("a", calls=1, now=0.0, not_before=30.0) == Deferred(wait=30.0)
-    booked = cal.reserved_until
-    # Back early, within max_wait of its turn, Director still down: the same turn, not a new
-    # one behind everybody who asked meanwhile.
+    reserved = cal.reserved_until
+    # Back early, within max_wait of its reservation, Director still down: the same
+    # reservation, not a new one behind everybody who asked meanwhile.
     assert cal.reserve("a", calls=1, now=29.5, not_before=35.0) == Deferred(wait=0.5)
-    assert cal.reserved_until == booked
-    # Its turn has passed and Director is still down: booked after the next probe.
+    assert cal.reserved_until == reserved
+    # Its start has passed and Director is still down: reserved after the next probe.
     assert cal.reserve("a", calls=1, now=30.5, not_before=35.0) == Deferred(wait=4.5)
 
 
@@ -111,15 +111,15 @@ def test_cancel_gives_the_reservation_up() -> None:
     cal.reserve("a", calls=1, now=0.0)
     assert isinstance(cal.reserve("b", calls=1, now=0.0), Deferred)
     cal.cancel("b")
-    cal.cancel("never-booked")
+    cal.cancel("never-reserved")
     assert cal.reservations() == 0
 
 
 def test_the_queue_in_front_of_director_counts_even_when_nothing_is_reserved() -> None:
     cal = schedule()
-    # After a restart the calendar is empty, but 80 calls already wait for a slot: 5 s.
+    # After a restart the schedule is empty, but 80 calls already wait for a slot: 5 s.
     assert cal.reserve("a", calls=1, now=50.0, queued_calls=80) == Deferred(wait=5.0)
-    # and what it booked is behind that queue, also for a request that sees a shorter one
+    # and what it reserved is behind that queue, also for a request that sees a shorter one
     assert cal.reserve("b", calls=1, now=50.0, queued_calls=10) == Deferred(wait=5.0 + SLOT)
 
 
@@ -143,46 +143,46 @@ def test_reservations_of_agents_that_never_came_back_are_dropped() -> None:
     for i in range(5119):
         assert isinstance(cal.reserve(f"gone-{i}", calls=1, now=0.0), Deferred)
     assert cal.reservations() == 5119
-    # Much later a new herd arrives; the stale tickets go when the book grows again.
+    # Much later a new herd arrives; the stale reservations go when the schedule grows again.
     cal.reserve("new", calls=1, now=1e6, queued_calls=10)
     assert cal.reservations() == 1
 
 
 def test_a_reservation_waits_while_director_is_behind_the_schedule() -> None:
-    cal, turn = deferred()
-    booked = cal.reserved_until
-    # Back at its turn, but 48 calls (3 s) wait in front of Director, 2 s more than max_wait:
+    cal, start = deferred()
+    reserved = cal.reserved_until
+    # Back at its reservation, but 48 calls (3 s) wait in front of Director, 2 s more than max_wait:
     # admitted now it would wait longer than promised. Told to come back when it would not.
-    assert cal.reserve("late", calls=1, now=turn, queued_calls=48) == Deferred(wait=2.0)
+    assert cal.reserve("late", calls=1, now=start, queued_calls=48) == Deferred(wait=2.0)
     assert cal.reservations() == 1
-    # Back then, with the queue down to max_wait: admitted on its ticket, nothing booked twice
-    # (what is booked after it moved back with it).
-    assert cal.reserve("late", calls=1, now=turn + 2.0, queued_calls=16) == Admitted()
+    # Back then, with the queue down to max_wait: admitted on its reservation, nothing
+    # reserved twice (what is reserved after it moved back with it).
+    assert cal.reserve("late", calls=1, now=start + 2.0, queued_calls=16) == Admitted()
     assert cal.reservations() == 0
-    assert cal.reserved_until == booked + 2.0
+    assert cal.reserved_until == reserved + 2.0
 
 
 def test_when_director_falls_behind_every_later_wait_moves_back_in_order() -> None:
     cal = schedule()  # 1/16 s a call, max_wait 1 s
-    # A fleet deferred while 32 calls (2 s) queued: turns at 2, 2 + 1/16, ... in order.
+    # A fleet deferred while 32 calls (2 s) queued: starts at 2, 2 + 1/16, ... in order.
     for i in range(20):
         assert cal.reserve(f"rt-{i}", calls=1, now=0.0, queued_calls=32) == Deferred(
             wait=2.0 + i * SLOT
         )
-    booked = cal.reserved_until
-    # Director served slower than booked: rt-0 comes back at its turn to a queue 2 s past the
-    # promise. Its turn and every later one move back by those 2 s.
+    reserved = cal.reserved_until
+    # Director served slower than reserved: rt-0 comes back at its reservation to a queue 2 s
+    # past the promise. Its start and every later one move back by those 2 s.
     assert cal.reserve("rt-0", calls=1, now=2.0, queued_calls=48) == Deferred(wait=2.0)
     assert cal.shift == 2.0
-    assert cal.reserved_until == booked + 2.0
-    # rt-5, back at its old turn, is told its moved turn (not sent away for a second to ask
+    assert cal.reserved_until == reserved + 2.0
+    # rt-5, back at its old start, is told its moved start (not sent away for a second to ask
     # again while the queue stays long), still after rt-0's.
     assert cal.reserve("rt-5", calls=1, now=2.0 + 5 * SLOT, queued_calls=40) == Deferred(wait=2.0)
-    # A newcomer books after the moved turns, not between them.
+    # A newcomer reserves after the moved reservations, not between them.
     assert cal.reserve("new", calls=1, now=2.5, queued_calls=40) == Deferred(
-        wait=booked + 2.0 - 2.5
+        wait=reserved + 2.0 - 2.5
     )
-    # In their moved turns, with the queue back within the promise, they are admitted.
+    # At their moved starts, with the queue back within the promise, they are admitted.
     assert cal.reserve("rt-0", calls=1, now=4.0, queued_calls=16) == Admitted()
     assert cal.reserve("rt-5", calls=1, now=4.0 + 5 * SLOT, queued_calls=16) == Admitted()
     for i in (*range(1, 5), *range(6, 20)):
@@ -191,7 +191,7 @@ def test_when_director_falls_behind_every_later_wait_moves_back_in_order() -> No
     assert (cal.reservations(), cal.shift) == (
         0,
         0.0,
-    )  # no turn left to keep: the next herd starts afresh
+    )  # no reservation left to keep: the next herd starts afresh
 
 
 def slowed_by_a_burst() -> CapacitySchedule:
@@ -209,11 +209,11 @@ def test_reservations_far_ahead_are_srated_at_the_rate_of_the_fastest_recent_cal
     # Admission is judged at the average: 4 calls in front are more than max_wait (1 s) by it,
     # so the request is deferred, which the fastest pace alone would not have done ...
     assert 4 * cal.seconds_per_call() > 1.0 > 4 * SLOT
-    # ... but its turn, and the turns after it, follow at the fastest recent pace, 1/16 s a
-    # call: a turn booked late would leave Director idle until its agent is back.
+    # ... but its reservation, and the reservations after it, follow at the fastest recent
+    # pace, 1/16 s a call: one placed late would leave Director idle until its agent is back.
     assert cal.reserve("queued-behind", calls=1, now=0.0, queued_calls=4) == Deferred(wait=4 * SLOT)
-    turns = [cal.reserve(f"rt-{i}", calls=2, now=0.0, queued_calls=4) for i in range(3)]
-    assert turns == [Deferred(wait=5 * SLOT + 2 * i * SLOT) for i in range(3)]
+    waits = [cal.reserve(f"rt-{i}", calls=2, now=0.0, queued_calls=4) for i in range(3)]
+    assert waits == [Deferred(wait=5 * SLOT + 2 * i * SLOT) for i in range(3)]
     # Once the slow calls are older than the last 32, the average is the pace again.
     for _ in range(32):
         cal.observe(2.0)
@@ -226,6 +226,6 @@ def test_what_an_admitted_request_reserves_is_counted_at_the_fastest_recent_rate
     assert cal.seconds_per_call() > 4 * SLOT
     assert cal.reserve("admitted", calls=2, now=0.0) == Admitted()
     # ... and it holds Director for two calls at the pace Director showed, so the first
-    # deferred turn starts right behind it, not where the inflated average would put it.
+    # deferred reservation starts right behind it, not where the inflated average would put it.
     assert cal.reserved_until == 2 * SLOT
     assert cal.reserve("deferred", calls=1, now=0.0, queued_calls=4) == Deferred(wait=4 * SLOT)

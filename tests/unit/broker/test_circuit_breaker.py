@@ -88,7 +88,7 @@ def test_breaker_half_open_admits_exactly_one_probe(probe_ok: bool, end_state: c
         (cb.Breaker(), 0.0, False),
         (cb.Breaker(failures=2), 0.0, False),
         (cb.Breaker(state=cb.State.OPEN, opened_at=100.0), 105.0, True),
-        (cb.Breaker(state=cb.State.OPEN, opened_at=100.0), 110.0, False),  # the probe's turn
+        (cb.Breaker(state=cb.State.OPEN, opened_at=100.0), 110.0, False),  # the probe
         (cb.Breaker(state=cb.State.HALF_OPEN, probe_in_flight=True), 0.0, True),
         (cb.Breaker(state=cb.State.HALF_OPEN, probe_in_flight=False), 0.0, False),
     ],

@@ -1,5 +1,6 @@
 """The Director client against httpx.MockTransport: OAuth caching, Tenant header, error
-classification, breaker and concurrency guard, paging; GraphQL documents against the real schema."""
+classification, breaker and concurrency limit, paging; GraphQL documents against the real
+schema."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def make(
     fake: FakeDirector, clock: Clock, *, threshold: int = 3, max_concurrency: int = 4
 ) -> tuple[DirectorClient, DirectorLimiter, httpx.AsyncClient]:
     http = httpx.AsyncClient(transport=httpx.MockTransport(fake.handler))
-    guard = DirectorLimiter(
+    limiter = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=threshold, open_seconds=10),
         max_concurrency=max_concurrency,
         queue_timeout=0.2,
@@ -90,8 +91,10 @@ def make(
     )
     oauth = OAuthTokenSource(http, CREDS, scope="runtime:read runtime:write", clock=clock)
     return (
-        DirectorClient(http=http, url="https://director.test/graphql", oauth=oauth, limiter=guard),
-        guard,
+        DirectorClient(
+            http=http, url="https://director.test/graphql", oauth=oauth, limiter=limiter
+        ),
+        limiter,
         http,
     )
 
@@ -185,12 +188,12 @@ async def test_unregister_missing_runtime_counts_as_done() -> None:
 
 async def test_breaker_opens_and_makes_no_call_until_probe() -> None:
     fake, clock = FakeDirector(), Clock()
-    client, guard, http = make(fake, clock, threshold=2)
+    client, limiter, http = make(fake, clock, threshold=2)
     fake.answers = [httpx.Response(502), httpx.Response(502)]
     for _ in range(2):
         with pytest.raises(DirectorRetryable):
             await client.unregister_runtime(tenant="t", runtime_id="r")
-    assert guard.state is cb.State.OPEN
+    assert limiter.state is cb.State.OPEN
     sent = len(fake.calls)
     with pytest.raises(CompassUnavailable) as info:
         await client.unregister_runtime(tenant="t", runtime_id="r")
@@ -200,16 +203,16 @@ async def test_breaker_opens_and_makes_no_call_until_probe() -> None:
     clock.now += 10
     fake.answers = [ok({"unregisterRuntime": {"id": "r"}})]
     assert await client.unregister_runtime(tenant="t", runtime_id="r") is True
-    assert guard.state is cb.State.CLOSED
+    assert limiter.state is cb.State.CLOSED
     await http.aclose()
 
 
 async def test_breaker_metrics_tell_the_moment_it_opened_and_are_right_at_scrape_time() -> None:
     fake, clock = FakeDirector(), Clock()
-    client, guard, http = make(fake, clock, threshold=1)
+    client, limiter, http = make(fake, clock, threshold=1)
     metrics = Metrics()
-    guard._on_state = metrics.on_breaker_state
-    metrics.watch_breaker(guard.refusing)
+    limiter._on_state = metrics.on_breaker_state
+    metrics.watch_breaker(limiter.refusing)
     sample = metrics.registry.get_sample_value
     assert sample("broker_circuit_breaker_opened_timestamp_seconds") == 0
     assert sample("broker_circuit_breaker_open") == 0
@@ -224,7 +227,7 @@ async def test_breaker_metrics_tell_the_moment_it_opened_and_are_right_at_scrape
     # The open period ends with no call arriving: the breaker would let the next one through,
     # and the gauge says so at once (it stayed 1 until a call came).
     clock.now += 10
-    assert guard.state is cb.State.OPEN
+    assert limiter.state is cb.State.OPEN
     assert sample("broker_circuit_breaker_open") == 0
     fake.answers = [ok({"unregisterRuntime": {"id": "r"}})]
     assert await client.unregister_runtime(tenant="t", runtime_id="r") is True
@@ -235,11 +238,11 @@ async def test_breaker_metrics_tell_the_moment_it_opened_and_are_right_at_scrape
 
 async def test_permanent_errors_do_not_open_the_breaker() -> None:
     fake, clock = FakeDirector(), Clock()
-    client, guard, http = make(fake, clock, threshold=1)
+    client, limiter, http = make(fake, clock, threshold=1)
     fake.answers = [gql_error(22)]
     with pytest.raises(DirectorPermanent):
         await client.unregister_runtime(tenant="t", runtime_id="r")
-    assert guard.state is cb.State.CLOSED
+    assert limiter.state is cb.State.CLOSED
     await http.aclose()
 
 
@@ -258,14 +261,14 @@ async def test_concurrency_limit_bounds_calls_in_flight() -> None:
         return ok({"runtimes": EMPTY_PAGE})
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    guard = DirectorLimiter(
+    limiter = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=10),
         max_concurrency=2,
         queue_timeout=5,
         clock=Clock(),
     )
     oauth = OAuthTokenSource(http, CREDS, scope="s", clock=Clock())
-    client = DirectorClient(http=http, url="https://d/graphql", oauth=oauth, limiter=guard)
+    client = DirectorClient(http=http, url="https://d/graphql", oauth=oauth, limiter=limiter)
     tasks = [
         asyncio.create_task(client.runtimes_by_label(tenant="t", key="k", value="v"))
         for _ in range(6)
@@ -363,7 +366,7 @@ async def test_calls_queued_when_the_breaker_opens_do_not_reach_director() -> No
     """An outage must not be followed by the queue that built up in it: no call leaves
     the process once the breaker is open, also none that waited for a slot."""
     clock = Clock()
-    guard = DirectorLimiter(
+    limiter = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
         max_concurrency=1,
         queue_timeout=5,
@@ -380,9 +383,9 @@ async def test_calls_queued_when_the_breaker_opens_do_not_reach_director() -> No
     async def queued() -> None:
         reached.append("queued")
 
-    first = asyncio.create_task(guard.call(failing))
+    first = asyncio.create_task(limiter.call(failing))
     await asyncio.sleep(0.01)
-    second = asyncio.create_task(guard.call(queued))  # admitted while closed, waits for a slot
+    second = asyncio.create_task(limiter.call(queued))  # admitted while closed, waits for a slot
     await asyncio.sleep(0.01)
     release.set()
     with pytest.raises(DirectorRetryable):
@@ -390,7 +393,7 @@ async def test_calls_queued_when_the_breaker_opens_do_not_reach_director() -> No
     with pytest.raises(CompassUnavailable, match="opened while the call waited") as refused:
         await second
     assert reached == ["first"]
-    assert guard.state is cb.State.OPEN
+    assert limiter.state is cb.State.OPEN
     assert refused.value.retry_after is not None
     assert 0 < refused.value.retry_after <= 30
 
@@ -399,7 +402,7 @@ async def test_a_call_whose_caller_hung_up_in_the_queue_does_not_reach_director(
     """A token nobody would receive is not requested: the check comes once the call holds its
     slot (the caller may leave at any time before), the slot goes to the next call at once, and
     Director's health is not judged by it."""
-    guard = DirectorLimiter(
+    limiter = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
         max_concurrency=1,
         queue_timeout=5,
@@ -423,13 +426,13 @@ async def test_a_call_whose_caller_hung_up_in_the_queue_does_not_reach_director(
             await release.wait()
         return name
 
-    holder = asyncio.create_task(guard.call(lambda: work("holder")))
+    holder = asyncio.create_task(limiter.call(lambda: work("holder")))
     await until(lambda: reached == ["holder"], what="the holder's call")
-    gone = asyncio.create_task(guard.call(lambda: work("gone"), caller_present=caller("gone")))
+    gone = asyncio.create_task(limiter.call(lambda: work("gone"), caller_present=caller("gone")))
     stayed = asyncio.create_task(
-        guard.call(lambda: work("stayed"), caller_present=caller("stayed"))
+        limiter.call(lambda: work("stayed"), caller_present=caller("stayed"))
     )
-    await until(lambda: guard._slots.waiting == 2, what="both calls queued behind the holder")
+    await until(lambda: limiter._slots.waiting == 2, what="both calls queued behind the holder")
     present["gone"] = False  # hangs up while it waits
     release.set()
     assert await holder == "holder"
@@ -438,38 +441,38 @@ async def test_a_call_whose_caller_hung_up_in_the_queue_does_not_reach_director(
     assert await stayed == "stayed"
     assert reached == ["holder", "stayed"]
     assert asked == ["gone", "stayed"]
-    assert guard.state is cb.State.CLOSED
-    assert guard._slots.waiting == 0
+    assert limiter.state is cb.State.CLOSED
+    assert limiter._slots.waiting == 0
 
 
 async def test_the_admission_gauges_show_calls_in_flight_waiting_and_reserved_ahead() -> None:
     clock = Clock()
-    guard = DirectorLimiter(
+    limiter = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=30),
         max_concurrency=1,
         queue_timeout=1,
         clock=clock,
     )
     metrics = Metrics()
-    metrics.watch_director(guard.snapshot)
+    metrics.watch_director(limiter.snapshot)
     release = asyncio.Event()
 
     async def held() -> None:
         await release.wait()
 
-    calls = [asyncio.create_task(guard.call(held)) for _ in range(3)]
-    await until(lambda: guard._slots.waiting == 2, what="two calls behind the first")
-    for i in range(10):  # 10 · 0.1 s booked at one slot: the last ones are deferred
+    calls = [asyncio.create_task(limiter.call(held)) for _ in range(3)]
+    await until(lambda: limiter._slots.waiting == 2, what="two calls behind the first")
+    for i in range(10):  # 10 · 0.1 s reserved at one slot: the last ones are deferred
         with contextlib.suppress(CapacityReserved):
-            guard.reserve(f"rt-{i}", calls=1)
+            limiter.reserve(f"rt-{i}", calls=1)
     text = generate_latest(metrics.registry).decode()
     gauges = {
         name: float(value)
         for name, value in re.findall(r"^(broker_director_\w+) (\S+)$", text, re.MULTILINE)
         if "labels_synced" not in name
     }
-    # Two calls queued: turns start 0.2 s ahead; 0.1 s each; admitted up to 1 s ahead, so
-    # the ninth and tenth are deferred (tickets) and the calendar is booked 1.2 s ahead.
+    # Two calls queued: waits start 0.2 s ahead; 0.1 s each; admitted up to 1 s ahead, so
+    # the ninth and tenth are deferred (reservations) and the schedule is reserved 1.2 s ahead.
     assert gauges == {
         "broker_director_calls_in_flight": 1.0,
         "broker_director_calls_waiting": 2.0,
@@ -479,35 +482,35 @@ async def test_the_admission_gauges_show_calls_in_flight_waiting_and_reserved_ah
         "broker_director_calendar_shift_seconds": 0.0,
         "broker_director_slot_timeouts_total": 0.0,
     }
-    assert guard.snapshot().reservations == guard.schedule.reservations() > 0
+    assert limiter.snapshot().reservations == limiter.schedule.reservations() > 0
     release.set()
     await asyncio.gather(*calls)
-    assert (guard.snapshot().in_flight, guard.snapshot().waiting) == (0, 0)
+    assert (limiter.snapshot().in_flight, limiter.snapshot().waiting) == (0, 0)
 
 
 async def test_a_call_that_finds_no_slot_in_time_is_refused_and_counted() -> None:
-    guard = DirectorLimiter(
+    limiter = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=30),
         max_concurrency=1,
         queue_timeout=0.05,
         clock=Clock(),
     )
     metrics = Metrics()
-    metrics.watch_director(guard.snapshot)
+    metrics.watch_director(limiter.snapshot)
     release = asyncio.Event()
 
     async def held() -> str:
         await release.wait()
         return "held"
 
-    holder = asyncio.create_task(guard.call(held))
-    await until(lambda: guard.snapshot().in_flight == 1, what="the slot taken")
+    holder = asyncio.create_task(limiter.call(held))
+    await until(lambda: limiter.snapshot().in_flight == 1, what="the slot taken")
     with pytest.raises(CompassUnavailable) as info:
-        await guard.call(held)  # waits 2 x 0.05 s for the only slot
+        await limiter.call(held)  # waits 2 x 0.05 s for the only slot
     assert not isinstance(info.value, DirectorRetryable)
-    assert guard.snapshot().slot_timeouts == 1
+    assert limiter.snapshot().slot_timeouts == 1
     assert metrics.registry.get_sample_value("broker_director_slot_timeouts_total") == 1
-    assert guard.state is cb.State.CLOSED  # our own queue, no verdict on Director
+    assert limiter.state is cb.State.CLOSED  # our own queue, no verdict on Director
     release.set()
     assert await holder == "held"
 
@@ -606,7 +609,7 @@ async def _call(client: DirectorClient, operation: str) -> object:
 )
 async def test_malformed_answers_are_compass_rejected(operation: str, data: object) -> None:
     fake, clock = FakeDirector(), Clock()
-    client, guard, http = make(fake, clock, threshold=1)
+    client, limiter, http = make(fake, clock, threshold=1)
     fake.answers = [httpx.Response(200, json={"data": data})]
     with pytest.raises(DirectorPermanent) as info:
         await _call(client, operation)
@@ -614,7 +617,7 @@ async def test_malformed_answers_are_compass_rejected(operation: str, data: obje
     assert info.value.slug == "compass-rejected"
     assert str(info.value) == f"{operation}: unexpected answer from Director"
     assert "line\nbreak" not in str(info.value)
-    assert guard.state is cb.State.CLOSED  # Director answered: not an outage
+    assert limiter.state is cb.State.CLOSED  # Director answered: not an outage
     await http.aclose()
 
 
@@ -691,21 +694,21 @@ async def test_follow_up_token_request_goes_before_waiting_first_calls() -> None
         return ok({"runtimes": EMPTY_PAGE})
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    guard = DirectorLimiter(
+    limiter = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=10),
         max_concurrency=1,
         queue_timeout=5,
         clock=Clock(),
     )
     oauth = OAuthTokenSource(http, CREDS, scope="s", clock=Clock())
-    client = DirectorClient(http=http, url="https://d/graphql", oauth=oauth, limiter=guard)
+    client = DirectorClient(http=http, url="https://d/graphql", oauth=oauth, limiter=limiter)
     holder = asyncio.create_task(client.unregister_runtime(tenant="t", runtime_id="holder"))
     await until(lambda: order == ["holder"], what="the holder's call")
     first = asyncio.create_task(client.runtimes_by_label(tenant="t", key="k", value="first"))
     follow = asyncio.create_task(
         client.request_one_time_token(tenant="t", runtime_id="follow", follow_up=True)
     )
-    await until(lambda: guard._slots.waiting == 2, what="both calls queued behind the holder")
+    await until(lambda: limiter._slots.waiting == 2, what="both calls queued behind the holder")
     release.set()
     await asyncio.gather(holder, first, follow)
     assert order == ["holder", "follow", '"first"']
@@ -744,7 +747,7 @@ async def test_no_access_token_means_nothing_was_sent() -> None:
         await client.register_runtime(tenant="t", spec=SPEC)
     assert info.value.delivered is False
     assert fake.calls == []
-    # The guard's own refusals come before any call, too.
+    # The limiter's own refusals come before any call, too.
     assert may_have_reached_director(CompassUnavailable("breaker open")) is False
     # An error answer means Director rolled its transaction back: nothing was registered.
     assert may_have_reached_director(DirectorPermanent("refused")) is False

@@ -28,7 +28,7 @@ class Clock:
         return self.now
 
 
-def guard(clock: Clock, **kwargs: float) -> DirectorLimiter:
+def limiter(clock: Clock, **kwargs: float) -> DirectorLimiter:
     return DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
         max_concurrency=int(kwargs.pop("max_concurrency", 2)),
@@ -39,12 +39,12 @@ def guard(clock: Clock, **kwargs: float) -> DirectorLimiter:
 
 def test_reserve_refuses_with_the_wait_and_no_jitter() -> None:
     clock = Clock()
-    g = guard(clock)
+    g = limiter(clock)
     for i in range(21):
         g.reserve(f"rt-{i}", calls=1)
     with pytest.raises(CapacityReserved) as info:
         g.reserve("late", calls=1)
-    # its turn is 1.05 s ahead: told the whole second that gets it there by then
+    # its reservation is 1.05 s ahead: told the whole second that gets it there by then
     assert info.value.retry_after == reservation_wait(1.05, max_wait=1.0) == 1.0
     assert (info.value.status, info.value.slug, info.value.spread) == (
         503,
@@ -52,12 +52,12 @@ def test_reserve_refuses_with_the_wait_and_no_jitter() -> None:
         False,
     )
     clock.now += 1.05
-    g.reserve("late", calls=1)  # its turn: admitted on its ticket
+    g.reserve("late", calls=1)  # its reservation: admitted on its reservation
 
 
 async def test_while_open_the_fleet_is_spread_over_reservations_after_the_probe() -> None:
     clock = Clock()
-    g = guard(clock)
+    g = limiter(clock)
 
     async def failing() -> None:
         raise DirectorRetryable("503")
@@ -65,25 +65,25 @@ async def test_while_open_the_fleet_is_spread_over_reservations_after_the_probe(
     with pytest.raises(CompassUnavailable):
         await g.call(failing)
     assert g.state is cb.State.OPEN
-    turns = []
+    waits = []
     for index in range(100):
         with pytest.raises(CompassUnavailable) as info:
             g.refuse_if_open(f"rt-{index}", calls=2)
-        turns.append(info.value.retry_after)
+        waits.append(info.value.retry_after)
     # Nobody before the probe; then one after the other at Director's pace, not all at once
-    # (each told the time that gets it there by its turn, see `advise`).
+    # (each told the time that gets it there by its reservation, see `reservation_wait`).
     per_runtime = 2 * g.schedule.seconds_per_call()
-    assert turns == [reservation_wait(30 + i * per_runtime, max_wait=1.0) for i in range(100)]
-    assert min(turns) >= 29
-    # Asking again before its turn gives the same turn (no second booking).
+    assert waits == [reservation_wait(30 + i * per_runtime, max_wait=1.0) for i in range(100)]
+    assert min(waits) >= 29
+    # Asking again before its reservation gives the same reservation (no second one).
     with pytest.raises(CompassUnavailable) as again:
         g.refuse_if_open("rt-50", calls=2)
-    assert again.value.retry_after == turns[50]
+    assert again.value.retry_after == waits[50]
 
 
 async def test_refuse_if_open_is_cheap_and_does_not_take_the_probe() -> None:
     clock = Clock()
-    g = guard(clock)
+    g = limiter(clock)
 
     async def failing() -> None:
         raise DirectorRetryable("503")
@@ -95,9 +95,9 @@ async def test_refuse_if_open_is_cheap_and_does_not_take_the_probe() -> None:
     with pytest.raises(CompassUnavailable) as info:
         g.refuse_if_open("rt-1", calls=1)
     assert info.value.retry_after == reservation_wait(30, max_wait=1.0) == 29
-    assert not info.value.spread  # the turn is the spread: no random seconds on top
+    assert not info.value.spread  # the reservation is the spread: no random seconds on top
     clock.now += 30
-    g.refuse_if_open("rt-1", calls=1)  # the probe's turn: not refused ...
+    g.refuse_if_open("rt-1", calls=1)  # the probe: not refused ...
     g.refuse_if_open("rt-1", calls=1)  # ... also when asked twice, since asking takes nothing
 
     async def probe() -> str:
@@ -109,7 +109,7 @@ async def test_refuse_if_open_is_cheap_and_does_not_take_the_probe() -> None:
 
 async def test_a_call_outside_any_request_is_measured_from_its_slots_grant() -> None:
     clock = Clock()
-    g = guard(clock, max_concurrency=1)
+    g = limiter(clock, max_concurrency=1)
     holding, release = asyncio.Event(), asyncio.Event()
 
     async def hold() -> None:
@@ -145,7 +145,7 @@ def test_a_finished_request_costs_its_slot_time_per_call_it_reserved() -> None:
     request = admissions.admit(2)
     other = admissions.admit(1)
     assert admissions.outstanding == 3
-    # Two look-ups it did not book, the registration and the token: four calls held slots.
+    # Two look-ups it did not reserve, the registration and the token: four calls held slots.
     for seconds in (0.05, 0.05, 0.12, 0.08):
         admissions.spent(request, seconds, ok=True)
     assert admissions.finish(request) == pytest.approx(0.3 / 2)
@@ -193,7 +193,7 @@ def test_a_request_is_ahead_from_its_first_call_with_what_its_calls_have_not_hel
 
 async def test_the_schedule_learns_a_requests_slot_time_per_reserved_call_when_it_ends() -> None:
     clock = Clock()
-    g = guard(clock)
+    g = limiter(clock)
 
     async def call(seconds: float) -> None:
         async def fn() -> None:
@@ -214,7 +214,7 @@ async def test_the_schedule_learns_a_requests_slot_time_per_reserved_call_when_i
 
 async def test_admitted_requests_count_in_the_queue_from_first_call_to_last_answer() -> None:
     clock = Clock()
-    g = guard(clock, max_concurrency=1, queue_timeout=1.0)  # 0.1 s a booked call, one at a time
+    g = limiter(clock, max_concurrency=1, queue_timeout=1.0)  # 0.1 s a reserved call, one at a time
     holding, release = asyncio.Event(), asyncio.Event()
     go, written = asyncio.Event(), asyncio.Event()
 
@@ -224,7 +224,7 @@ async def test_admitted_requests_count_in_the_queue_from_first_call_to_last_answ
         clock.now += 0.1
 
     async def call() -> None:
-        clock.now += 0.1  # what the calendar prices: its estimate stays put
+        clock.now += 0.1  # what the schedule prices: its estimate stays put
 
     async def request(key: str) -> None:
         g.reserve(key, calls=2)
@@ -235,22 +235,22 @@ async def test_admitted_requests_count_in_the_queue_from_first_call_to_last_answ
 
     tasks = [asyncio.create_task(request(f"rt-{i}")) for i in range(3)]
     await until(lambda: g._admitted.outstanding == 6)
-    clock.now += 1.0  # their bookings are behind: only the queue can count them now
+    clock.now += 1.0  # their reservations are behind: only the queue can count them now
     holder = asyncio.create_task(g.call(hold))  # a call of the reconciler's holds the slot
     await holding.wait()
     # Admitted, none of their calls asked for a slot yet: not in the queue in front of Director.
     assert g._queued_calls() == 0
     go.set()
     await until(lambda: g.snapshot().waiting == 3)
-    # Their registrations wait for the slot: the six calls they booked are in front (0.6 s).
+    # Their registrations wait for the slot: the six calls they reserved are in front (0.6 s).
     assert g._queued_calls() == pytest.approx(6)
-    # A request of 5 calls is admitted behind them (its turn 0.6 s away), the next is not.
+    # A request of 5 calls is admitted behind them (its reservation 0.6 s away), the next is not.
     assert g.schedule.reserve("new-0", calls=5, now=clock.now, queued_calls=6) == Admitted()
     assert isinstance(g.schedule.reserve("new-1", calls=1, now=clock.now, queued_calls=6), Deferred)
     release.set()
     await holder
     await until(lambda: g._slots.taken == 0 and g.snapshot().waiting == 0)
-    # Every booked call answered (0.6 s held), the requests still busy with KCP: nothing of
+    # Every reserved call answered (0.6 s held), the requests still busy with KCP: nothing of
     # theirs is left in front of Director, though they have not finished.
     assert g._admitted.outstanding == 6
     assert g._queued_calls() == pytest.approx(0.0, abs=1e-9)
@@ -263,7 +263,7 @@ async def test_admitted_requests_count_in_the_queue_from_first_call_to_last_answ
 
 async def test_a_task_that_reserves_again_has_finished_its_last_request() -> None:
     clock = Clock()
-    g = guard(clock, max_concurrency=1, queue_timeout=100.0)
+    g = limiter(clock, max_concurrency=1, queue_timeout=100.0)
 
     async def fn() -> None:
         clock.now += 0.4
@@ -277,7 +277,7 @@ async def test_a_task_that_reserves_again_has_finished_its_last_request() -> Non
 
 async def test_a_request_s_calls_are_not_owed_twice_nor_counted_as_unreserved() -> None:
     clock = Clock()
-    g = guard(clock, max_concurrency=1, queue_timeout=100.0)
+    g = limiter(clock, max_concurrency=1, queue_timeout=100.0)
     inside = asyncio.Event()
     release = asyncio.Event()
 
@@ -296,7 +296,7 @@ async def test_a_request_s_calls_are_not_owed_twice_nor_counted_as_unreserved() 
     await inside.wait()
     task = asyncio.create_task(request())
     await until(lambda: g.snapshot().waiting == 1)
-    # the request's two booked calls; the waiting registration and its token are among them
+    # the request's two reserved calls; the waiting registration and its token are among them
     assert g._queued_calls() == 2
     release.set()
     await asyncio.gather(holder, task)
@@ -306,7 +306,7 @@ async def test_a_request_s_calls_are_not_owed_twice_nor_counted_as_unreserved() 
 
 async def test_a_call_that_finds_no_slot_in_twice_the_queue_timeout_is_refused() -> None:
     clock = Clock()
-    g = guard(clock, max_concurrency=1, queue_timeout=0.01)
+    g = limiter(clock, max_concurrency=1, queue_timeout=0.01)
     holding, release = asyncio.Event(), asyncio.Event()
 
     async def hold() -> None:
@@ -327,13 +327,13 @@ async def test_a_call_that_finds_no_slot_in_twice_the_queue_timeout_is_refused()
 
 async def test_the_queue_counts_the_tokens_that_waiting_registrations_will_ask_for() -> None:
     clock = Clock()
-    g = guard(clock, max_concurrency=1, queue_timeout=1.0)  # 0.1 s a call, one at a time
+    g = limiter(clock, max_concurrency=1, queue_timeout=1.0)  # 0.1 s a call, one at a time
     holding, release = asyncio.Event(), asyncio.Event()
 
     async def hold() -> None:
         holding.set()
         await release.wait()
-        clock.now += 0.1  # each call takes what the calendar expects: its estimate stays put
+        clock.now += 0.1  # each call takes what the schedule expects: its estimate stays put
 
     async def register() -> str:
         clock.now += 0.1

@@ -1,5 +1,5 @@
 """The mw in front of the app: first contacts come in a few at a time, in arrival order, and
-leave their place when their identity check is over; known runtimes and other paths walk past."""
+leave their place when their identity check is over; known runtimes and other paths pass."""
 
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ async def test_the_verifier_remembers_who_proved_recently_and_only_them() -> Non
     inner.ok = False
     with pytest.raises(IdentityNotProven):
         await verifier.verify(runtime_id="a", headers={})
-    assert not verifier.proved_recently("a")  # a failed proof is no reason to walk past
+    assert not verifier.proved_recently("a")  # a failed proof is no reason to pass
     inner.ok = True
     await verifier.verify(runtime_id="a", headers={})
     assert verifier.proved_recently("a")
@@ -223,11 +223,11 @@ def test_the_rate_lets_a_newcomer_wait_only_when_its_place_comes_within_max_wait
     third = limit.refusal_wait(ahead=501, now=0.0)
     assert second == pytest.approx(5.02)
     assert third == pytest.approx(5.03)
-    # A line longer than what was promised puts the turn behind that line.
+    # A line longer than what was promised puts the reservation behind that line.
     assert limit.refusal_wait(ahead=2_000, now=0.0) == pytest.approx(20.0)
-    # Turns are bounded by the agent's longest backoff, however long the line.
+    # Waits are bounded by the agent's longest backoff, however long the line.
     assert limit.refusal_wait(ahead=10**9, now=0.0) == pytest.approx(limit.longest_wait)
-    # Promised turns are not reservations: once they are past, a short line lets one wait.
+    # Promised waits are not reservations: once they are past, a short line lets one wait.
     assert limit.refusal_wait(ahead=3, now=400.0) is None
 
 

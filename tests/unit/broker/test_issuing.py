@@ -1,6 +1,6 @@
-"""The token request use case with its collaborators replaced by recorders (the guard, the rate
-limiter and the calendar are the real ones): the order of refusals, what each costs, and that
-every caller gets its own token."""
+"""The token request use case with its collaborators replaced by recorders (the Director limiter
+with its capacity schedule, and the rate limiter, are the real ones): the order of refusals,
+what each costs, and that every caller gets its own token."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ class Director:
     ) -> OneTimeToken:
         await asyncio.sleep(0)
         if caller_present is not None and not await caller_present():
-            raise CallerGone("gone")  # what the guard does (test_director.py)
+            raise CallerGone("gone")  # what the director_limiter does (test_director.py)
         self._r.asked.append(f"token {runtime_id}")
         if self._r.token_error is not None:
             raise self._r.token_error
@@ -193,20 +193,20 @@ class Clock:
 class World:
     recorder: Recorder
     issuer: TokenIssuer
-    guard: DirectorLimiter
+    director_limiter: DirectorLimiter
     clock: Clock
 
 
 def world(*, burst: int = 5, max_concurrency: int = 1, queue_timeout: float = 1.0) -> World:
     recorder = Recorder()
     clock = Clock()
-    guard = DirectorLimiter(
+    director_limiter = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=1, open_seconds=30),
         max_concurrency=max_concurrency,
         queue_timeout=queue_timeout,
         clock=clock,
     )
-    guard.schedule.latency = 0.125  # exact in binary: a call books 1/8 s of one slot
+    director_limiter.schedule.latency = 0.125  # exact in binary: a call reserves 1/8 s of one slot
     issuer = TokenIssuer(
         settings=Settings(),
         cache=recorder,
@@ -219,12 +219,12 @@ def world(*, burst: int = 5, max_concurrency: int = 1, queue_timeout: float = 1.
         ),
         registration=Registration(recorder),  # type: ignore[arg-type]
         director=Director(recorder),  # type: ignore[arg-type]
-        director_limiter=guard,
+        director_limiter=director_limiter,
         status=Status(recorder),  # type: ignore[arg-type]
         limiter=RateLimiter(BucketPolicy(burst=burst, per_second=1 / 60)),
         clock=clock,
     )
-    return World(recorder, issuer, guard, clock)
+    return World(recorder, issuer, director_limiter, clock)
 
 
 HEADERS = {"authorization": "Bearer t"}
@@ -268,7 +268,7 @@ async def test_policy_refusals_cost_no_capacity_and_no_rate() -> None:
     for _ in range(3):
         with pytest.raises(ModuleNotEnabled):
             await w.issuer.issue("rt-1", HEADERS)
-    assert w.guard.schedule.reserved_until == 0.0
+    assert w.director_limiter.schedule.reserved_until == 0.0
     w.recorder.kymas["rt-1"] = KYMA
     w.recorder.known = KNOWN
     await w.issuer.issue("rt-1", HEADERS)  # the one token of the burst is still there
@@ -281,7 +281,7 @@ async def test_a_known_runtime_reserves_one_call_and_is_not_registered_again() -
     assert (issued.token, issued.compass_runtime_id, issued.tenant) == ("ott-1", "c-1", "ga")
     assert not any(a.startswith("register") for a in w.recorder.asked)
     assert w.recorder.tokens == [("ga", "c-1", False)]
-    assert w.guard.schedule.reserved_until == w.clock.now + 0.125  # one call's worth
+    assert w.director_limiter.schedule.reserved_until == w.clock.now + 0.125  # one call's worth
     assert w.recorder.statuses == [("issued", KNOWN)]
 
 
@@ -291,7 +291,7 @@ async def test_an_unknown_runtime_reserves_two_calls_and_its_token_follows_up() 
     assert "register rt-1" in w.recorder.asked
     assert issued.compass_runtime_id == "c-1"
     assert w.recorder.tokens == [("ga", "c-1", True)]  # served before first calls
-    assert w.guard.schedule.reserved_until == w.clock.now + 0.25
+    assert w.director_limiter.schedule.reserved_until == w.clock.now + 0.25
     assert w.recorder.statuses == [("issued", REGISTERED)]
 
 
@@ -310,27 +310,27 @@ async def test_an_open_breaker_refuses_with_a_wait_after_the_probe_and_registers
         raise DirectorRetryable("503")
 
     with pytest.raises(DirectorRetryable):
-        await w.guard.call(outage)
-    assert w.guard.state is cb.State.OPEN
+        await w.director_limiter.call(outage)
+    assert w.director_limiter.state is cb.State.OPEN
     with pytest.raises(CompassUnavailable) as info:
         await w.issuer.issue("rt-1", HEADERS)
-    assert info.value.retry_after == 29  # the probe's turn, told early by the agents' jitter
+    assert info.value.retry_after == 29  # the probe, told early by the agents' jitter
     assert not info.value.spread
-    # Its turn (after the probe) is booked, so when Director is back it comes at its turn.
-    assert w.guard.schedule.reservations() == 1
+    # Its reservation (after the probe) is kept, so when Director is back it comes then.
+    assert w.director_limiter.schedule.reservations() == 1
     assert not any(a.startswith(("register", "token")) for a in w.recorder.asked)
 
 
 async def test_a_reserved_wait_is_told_before_anything_reaches_director() -> None:
     w = world(queue_timeout=1.0)
     w.recorder.known = KNOWN
-    for i in range(9):  # 9 · 1/8 s booked: the next turn is 1.125 s ahead, beyond 1 s
-        w.guard.reserve(f"other-{i}", calls=1)
+    for i in range(9):  # 9 · 1/8 s reserved: the next start is 1.125 s ahead, beyond 1 s
+        w.director_limiter.reserve(f"other-{i}", calls=1)
     with pytest.raises(CapacityReserved) as info:
         await w.issuer.issue("rt-1", HEADERS)
-    assert info.value.retry_after == 1.0  # the whole second that gets it there by its turn
+    assert info.value.retry_after == 1.0  # the whole second that gets it there by its reservation
     assert w.recorder.tokens == []
-    # Back at its turn: admitted on the ticket it was given.
+    # Back at its reservation: admitted on the reservation it was given.
     w.clock.now += 1.125
     await w.issuer.issue("rt-1", HEADERS)
     assert len(w.recorder.tokens) == 1
@@ -346,7 +346,7 @@ async def test_only_issued_tokens_count_against_the_rate_limit() -> None:
     failed = [s for s in w.recorder.statuses if s[0] == "failed"]
     assert failed[0][1]["condition"] == "TokenIssued"
     w.recorder.token_error = None
-    w.clock.now += 10  # out of the booked window of the failed attempts
+    w.clock.now += 10  # out of the reserved window of the failed attempts
     await w.issuer.issue("rt-1", HEADERS)
     with pytest.raises(RateLimited) as info:
         await w.issuer.issue("rt-1", HEADERS)
@@ -368,7 +368,7 @@ async def test_a_caller_gone_before_its_token_gets_a_registration_but_no_token()
     assert w.recorder.tokens == []
     assert w.recorder.statuses == []
     w.recorder.known = REGISTERED
-    w.clock.now += 10  # past the booked window
+    w.clock.now += 10  # past the reserved window
 
     async def here() -> bool:
         return True
@@ -388,7 +388,7 @@ async def test_a_caller_gone_before_its_request_is_served_costs_no_proof_and_no_
     with pytest.raises(CallerGone):
         await w.issuer.issue("rt-1", HEADERS, caller_present=gone)
     assert w.recorder.asked == []  # not verified, no Kyma looked up
-    assert w.guard.schedule.reserved_until == 0.0
+    assert w.director_limiter.schedule.reserved_until == 0.0
 
 
 async def test_a_revoked_runtime_is_refused_once_proven_and_told_on_its_kyma() -> None:
@@ -435,7 +435,7 @@ async def test_a_runtime_gone_from_director_is_forgotten_and_registered_again_on
         f"token {REGISTERED.compass_id}",
     ]
     assert ("lost", "dead-id") in w.recorder.statuses
-    assert w.guard.state is cb.State.CLOSED
+    assert w.director_limiter.state is cb.State.CLOSED
 
 
 async def test_a_refused_token_for_a_runtime_that_exists_is_not_a_lost_runtime() -> None:
@@ -460,4 +460,4 @@ async def test_a_remembered_tenant_refusal_costs_no_director_call_and_no_capacit
         with pytest.raises(CompassTenantUnknown):
             await w.issuer.issue("rt-1", HEADERS)
     assert not any(a.startswith(("token", "register")) for a in w.recorder.asked)
-    assert w.guard.schedule.reservations() == 0
+    assert w.director_limiter.schedule.reservations() == 0

@@ -43,7 +43,7 @@ def test_every_error_maps_to_one_status_and_type(cls: type[errors.BrokerError]) 
     if cls.status in (429, 503):
         assert issubclass(cls, errors.TemporaryError)
         spread = cls.spread  # type: ignore[attr-defined]
-        # ceil(2.0 + 0.5*3) with jitter; exactly the booked 2 s without
+        # ceil(2.0 + 0.5*3) with jitter; exactly the reserved 2 s without
         assert p.headers["Retry-After"] == ("4" if spread else "2")
     else:
         assert "Retry-After" not in p.headers
@@ -51,7 +51,7 @@ def test_every_error_maps_to_one_status_and_type(cls: type[errors.BrokerError]) 
 
 def test_problem_types_are_distinct_and_statuses_as_documented() -> None:
     # A subclass may keep its parent's problem type (CompassDown is a CompassUnavailable whose
-    # Retry-After is a booked turn); every class that names its own type names a new one.
+    # Retry-After is a reservation); every class that names its own type names a new one.
     own = [c for c in ERRORS if "slug" in vars(c)]
     assert len({c.slug for c in own}) == len(own)
     statuses = {c.__name__: c.status for c in ERRORS}
@@ -68,16 +68,16 @@ def test_problem_types_are_distinct_and_statuses_as_documented() -> None:
 
 
 def test_a_reservation_is_told_exactly_others_are_spread() -> None:
-    # The calendar already spread the herd over Director's capacity: jitter would only make
-    # agents miss their turn. Refusals a herd receives at once are spread.
-    booked = problem_for(
-        errors.CapacityReserved("booked", retry_after=7.2),
+    # The schedule already spread the herd over Director's capacity: jitter would only make
+    # agents miss their reservation. Refusals a herd receives at once are spread.
+    reserved = problem_for(
+        errors.CapacityReserved("reserved", retry_after=7.2),
         instance="/x",
         jitter_max=5,
         rand=lambda: 0.9,
     )
-    assert (booked.status, booked.body["type"]) == (503, TYPE_PREFIX + "capacity-booked")
-    assert booked.headers["Retry-After"] == "8"
+    assert (reserved.status, reserved.body["type"]) == (503, TYPE_PREFIX + "capacity-booked")
+    assert reserved.headers["Retry-After"] == "8"
     other = problem_for(
         errors.CompassUnavailable("open", retry_after=7.2),
         instance="/x",

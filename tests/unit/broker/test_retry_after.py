@@ -117,11 +117,15 @@ def test_header_seconds_are_whole_seconds_with_jitter(
     [
         (0.2, 10.0, 1.0),  # never less than the header's second
         (5.0, 10.0, 1.0),  # a second of jitter, aimed 2.5 s (max_wait / 4) early: 1.5, whole
-        (9.0, 10.0, 5.0),  # 8 + a second of jitter is its turn; aimed 2.5 s before: 5.5
-        (33.0, 10.0, 27.0),  # a tenth: 30 + 3 is its turn at the latest; 27.5 aims 2.5 s early
+        (9.0, 10.0, 5.0),  # 8 + a second of jitter is its reservation; aimed 2.5 s before: 5.5
+        (
+            33.0,
+            10.0,
+            27.0,
+        ),  # a tenth: 30 + 3 is its reservation at the latest; 27.5 aims 2.5 s early
         (125.0, 10.0, 115.0),  # not more than max_wait early: it would be sent away again
         (33.0, 4.0, 29.0),  # a smaller waiting room: aimed a second early, 29 at the earliest
-        (33.0, 0.0, 33.0),  # no waiting room: exactly its turn
+        (33.0, 0.0, 33.0),  # no waiting room: exactly its reservation
     ],
 )
 def test_agents_are_told_a_time_that_gets_them_there_by_their_reservation(
