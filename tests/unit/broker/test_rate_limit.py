@@ -1,4 +1,4 @@
-"""The per-runtime token bucket (`ratelimit`)."""
+"""The per-runtime token bucket (`overload/rate_limit`)."""
 
 from __future__ import annotations
 
