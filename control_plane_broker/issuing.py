@@ -28,7 +28,7 @@ from control_plane_broker.director.classification import (
     DirectorPermanent,
     DirectorTenantUnknown,
 )
-from control_plane_broker.director.client import DirectorApi
+from control_plane_broker.director.graphql_client import DirectorApi
 from control_plane_broker.errors import (
     CallerGone,
     CompassFailed,

@@ -30,7 +30,7 @@ from control_plane_broker.backoff import backoff
 from control_plane_broker.connections import report_rules
 from control_plane_broker.connections.report_service import report_limits
 from control_plane_broker.director.classification import DirectorFailed, DirectorPermanent
-from control_plane_broker.director.client import DirectorApi
+from control_plane_broker.director.graphql_client import DirectorApi
 from control_plane_broker.errors import BrokerError, KymaIncomplete
 from control_plane_broker.kube.kyma_events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository

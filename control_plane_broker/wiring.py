@@ -39,7 +39,7 @@ from control_plane_broker.api.server import bind, build_server
 from control_plane_broker.backoff import watch_backoff
 from control_plane_broker.connections.report_rules import fleet
 from control_plane_broker.connections.report_service import ConnectionReporter
-from control_plane_broker.director.client import DirectorClient
+from control_plane_broker.director.graphql_client import DirectorClient
 from control_plane_broker.director.oauth import OAuthTokenSource
 from control_plane_broker.enrolment.enrolment_service import EnrolmentVerifier
 from control_plane_broker.errors import FirstContactsBusy

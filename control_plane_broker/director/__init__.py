@@ -11,7 +11,7 @@ from control_plane_broker.director.classification import (
     DirectorRetryable,
     classify,
 )
-from control_plane_broker.director.client import DirectorClient
+from control_plane_broker.director.graphql_client import DirectorClient
 from control_plane_broker.director.oauth import OAuthTokenSource
 
 __all__ = [

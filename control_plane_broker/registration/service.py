@@ -44,7 +44,7 @@ from control_plane_broker.director.classification import (
     DirectorTenantUnknown,
     may_have_reached_director,
 )
-from control_plane_broker.director.client import DirectorApi
+from control_plane_broker.director.graphql_client import DirectorApi
 from control_plane_broker.errors import (
     CompassTenantUnknown,
     ControlPlaneUnavailable,

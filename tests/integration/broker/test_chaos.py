@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from control_plane_broker.backoff import backoff
-from control_plane_broker.director.client import DirectorClient
+from control_plane_broker.director.graphql_client import DirectorClient
 from control_plane_broker.director.oauth import OAuthTokenSource
 from control_plane_broker.kube.caches import kyma_informer, mapping_informer
 from control_plane_broker.kube.kyma_events import KymaEvents

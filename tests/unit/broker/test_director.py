@@ -27,7 +27,7 @@ from control_plane_broker.director.classification import (
     DirectorTenantUnknown,
     may_have_reached_director,
 )
-from control_plane_broker.director.client import MAX_PAGES, DirectorClient
+from control_plane_broker.director.graphql_client import MAX_PAGES, DirectorClient
 from control_plane_broker.director.oauth import OAuthTokenSource, refresh_at
 from control_plane_broker.errors import CallerGone, CapacityReserved, CompassUnavailable
 from control_plane_broker.metrics import Metrics
