@@ -855,7 +855,7 @@ def test_labels_field_takes_a_key(director: DirectorClient) -> None:
 
 def test_malformed_requests(sim: CompassSimulator, director: DirectorClient) -> None:
     headers = {"Authorization": f"Bearer {director.token}", "Tenant": TENANT_A}
-    not_json = director.graphql_client.post(sim.director_url, content=b"{", headers=headers)
+    not_json = director.client.post(sim.director_url, content=b"{", headers=headers)
     assert not_json.status_code == 400
     # What gqlgen cannot execute reaches Director's error presenter as an untyped error.
     syntax = director.post("query { runtimes(first: 1) {")

@@ -121,7 +121,7 @@ async def landscape(own_cluster: TestCluster, tmp_path: Path) -> AsyncIterator[L
     finally:
         await env.stop_all()
         await broker.stop()
-        director.graphql_client.close()
+        director.client.close()
         secured.stop()
         sim.stop()
         env.delete_connection()
