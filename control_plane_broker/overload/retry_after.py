@@ -25,7 +25,8 @@ from collections.abc import Callable
 
 Jitter = Callable[[], float]  # returns a number in [0, 1)
 
-# What an agent adds to Retry-After (agent/retry.py): up to this share of it, at least a second.
+# What an agent adds to Retry-After (agent/retry_policy.py): up to this share of it, at least
+# a second.
 CLIENT_JITTER_SHARE = 0.1
 CLIENT_MIN_JITTER = 1.0
 LEAD_SHARE_OF_MAX_WAIT = 0.25  # how far before its reservation an agent is aimed to arrive
