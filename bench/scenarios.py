@@ -84,6 +84,7 @@ ADMISSION_GAUGES = (
     "broker_director_tickets",
     "broker_director_calendar_shift_seconds",
     "broker_director_slot_timeouts_total",
+    "broker_director_late_calls_total",
     "broker_event_loop_lag_seconds",
     "broker_first_contacts_waiting",
 )

@@ -4,11 +4,13 @@ validate the runtime ID → the Kyma cache is synced → the caller still waits 
 not revoked → policy on the cached Kyma → per-runtime rate limit → Director's remembered refusal
 of the Kyma's tenants → circuit breaker → a reservation of Director's capacity → register (only a
 runtime not registered yet) → request the token (a runtime Director shows gone is forgotten and
-registered again, once).
+registered again, once) → answer → record the token in the mapping's status.
 
 Holds: nothing reaches Director unless the runtime ID is valid, the caller proved to be this
 runtime, the Kyma allows it and Director's capacity has room for the request within the queue
-timeout (otherwise the caller is told when to come back); an unknown runtime and a bad proof
+timeout and before the request's deadline, counted from its arrival (otherwise the caller is
+told when to come back); a token is requested only when its answer can reach the caller before
+that deadline; an unknown runtime and a bad proof
 look the same to a caller that cannot prove who it is (both 401); concurrent requests of one
 runtime share one registration, but every caller gets its own one-time token; a runtime whose
 mapping is being deleted gets none; a revoked runtime gets none (told only once it proved who it
@@ -17,8 +19,9 @@ is); issued tokens are rate-limited per runtime.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,6 +53,10 @@ from control_plane_broker.revocation.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+# Runs a piece of work once the answer has been sent (FastAPI's `BackgroundTasks.add_task`).
+AfterAnswer = Callable[[Callable[[], Awaitable[None]]], None]
 
 
 class KymaReader(Protocol):
@@ -106,6 +113,8 @@ class TokenIssuer:
         *,
         caller_present: CallerPresent | None = None,
         identity_checked: Callable[[], None] | None = None,
+        arrived_at: float | None = None,
+        after_answer: AfterAnswer | None = None,
     ) -> IssuedToken:
         """`caller_present` tells whether the caller still waits (the HTTP connection is open).
         A request whose caller is gone before it is served costs nothing more (in a burst the
@@ -114,7 +123,14 @@ class TokenIssuer:
         request needs only the token); a token is requested only for a caller still there.
         `identity_checked` is called once the identity check is over, passed or not: the
         first-contact limit in front of the app (`api/first_contact_middleware.py`) lets the next
-        first contact in."""
+        first contact in. `arrived_at` (this issuer's clock): when the request reached the
+        broker; its deadline counts from then (default: now). `after_answer`: runs work after the
+        answer is sent (the mapping's status): the agent's timeout counts until it has its
+        token, and a status write under load can take seconds (default: the work is awaited
+        before the answer)."""
+        deadline = (
+            self._clock() if arrived_at is None else arrived_at
+        ) + self._settings.request_deadline_seconds
         kyma_name = validate_runtime_id(runtime_id)
         if not self._cache.synced:
             raise NotReady("the Kyma cache has not synced yet", retry_after=2)
@@ -141,7 +157,7 @@ class TokenIssuer:
         known = self._registration.known(kyma)
         calls = 1 if known else 2
         self._director_limiter.refuse_if_open(kyma.name, calls=calls)
-        self._director_limiter.reserve(kyma.name, calls=calls)
+        self._director_limiter.reserve(kyma.name, calls=calls, deadline=deadline)
         registered = known or await self._register(kyma)
         try:
             try:
@@ -165,7 +181,11 @@ class TokenIssuer:
         # Only issued tokens count: attempts that fail (Compass down) must not lock a runtime out.
         self._limiter.try_take(kyma.name, self._clock())
         log.info("token issued", extra={"kyma": kyma.name, "compass_id": registered.compass_id})
-        await self._status.issued(kyma=kyma, registered=registered)
+        record = functools.partial(self._record_issued, kyma, registered)
+        if after_answer is None:
+            await record()
+        else:
+            after_answer(record)
         return IssuedToken(
             token=ott.token,
             connector_url=ott.connector_url,
@@ -173,6 +193,16 @@ class TokenIssuer:
             tenant=registered.tenant,
             expires_at=ott.expires_at,
         )
+
+    async def _record_issued(self, kyma: KymaView, registered: Registered) -> None:
+        # Best effort, and after the answer nobody could be told of a failure: logged by type.
+        try:
+            await self._status.issued(kyma=kyma, registered=registered)
+        except Exception as exc:
+            log.error(
+                "could not record the issued token on the mapping",
+                extra={"kyma": kyma.name, "error": type(exc).__name__},
+            )
 
     async def _token(
         self, registered: Registered, *, follow_up: bool, caller: CallerPresent | None

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 300
 TOKEN_TIMESTAMP_REFRESH = 600.0
-CHANGE_ROUNDS = 4  # conflicts in a row before a connection write gives up (the caller retries)
+CHANGE_ROUNDS = 4  # conflicts in a row before a status write gives up (a report: retried)
 
 
 def failure_text(exc: BaseException) -> tuple[str, str]:
@@ -157,7 +157,7 @@ class StatusRecorder:
         self, name: str, mapping: Mapping, compute: Callable[[Mapping], dict[str, Any] | None]
     ) -> None:
         current: Mapping | None = mapping
-        for _ in range(2):
+        for _ in range(CHANGE_ROUNDS):
             if current is None:
                 return
             status = compute(current)

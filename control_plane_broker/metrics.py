@@ -201,3 +201,12 @@ class DirectorCollector(Collector):
         if snap is not None:
             timeouts.add_metric([], float(snap.slot_timeouts))
         yield timeouts
+        late = CounterMetricFamily(
+            "broker_director_late_calls",
+            "Director calls for a waiting caller (the token) held back, answered 503 "
+            "capacity-booked with a reservation: by the estimate their answer would reach the "
+            "caller after BROKER_REQUEST_DEADLINE_SECONDS from its arrival.",
+        )
+        if snap is not None:
+            late.add_metric([], float(snap.late_calls))
+        yield late

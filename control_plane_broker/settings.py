@@ -64,6 +64,15 @@ class Settings(BaseSettings):
         "Keep it well below the agent's timeout (30 s): a request may wait up to twice this long.",
         gt=0,
     )
+    request_deadline_seconds: float = Field(
+        default=25.0,
+        description="How long after a token request arrives its answer must be on its way: the "
+        "request is admitted to Director only when its wait and its calls end by then, counting "
+        "the time it already spent in the broker, and its token is requested only when the "
+        "answer can be back by then; otherwise it is answered 503 capacity-booked with a "
+        "reservation. Keep it a few seconds below the agent's timeout (30 s).",
+        gt=0,
+    )
     director_scope: str = Field(
         default="runtime:read runtime:write", description="OAuth scope requested."
     )

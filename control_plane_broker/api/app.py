@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
-from fastapi import FastAPI, Header, Path, Request, Response
+from fastapi import BackgroundTasks, FastAPI, Header, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,7 +32,10 @@ from pydantic import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control_plane_broker.api.access import AccessLog, note_problem, upstream_cause
-from control_plane_broker.api.first_contact_middleware import release_first_contact_place
+from control_plane_broker.api.first_contact_middleware import (
+    arrived_at,
+    release_first_contact_place,
+)
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for, type_uri
 from control_plane_broker.connections.report_rules import Report
 from control_plane_broker.connections.report_service import ConnectionReporter
@@ -331,6 +334,7 @@ def add_token_route(app: FastAPI, *, issuer: TokenIssuer, metrics: Metrics) -> N
     async def issue_token(
         runtimeID: RuntimeIdParam,
         request: Request,
+        after_answer: BackgroundTasks,
         authorization: AuthorizationHeader = None,
         x_forwarded_client_cert: XfccHeader = None,
     ) -> TokenResponse:
@@ -342,6 +346,8 @@ def add_token_route(app: FastAPI, *, issuer: TokenIssuer, metrics: Metrics) -> N
                     headers,
                     caller_present=_still_connected(request),
                     identity_checked=release_first_contact_place(request.scope),
+                    arrived_at=arrived_at(request.scope),
+                    after_answer=after_answer.add_task,
                 )
             except BrokerError as exc:
                 metrics.token_requests.labels(exc.slug).inc()

@@ -43,7 +43,14 @@ from control_plane_broker.overload import first_contact_limit
 from control_plane_broker.overload.first_contact_limit import FirstContactLimit
 
 RELEASE_KEY = "compass.release_first_contact_place"  # scope key: gives the place up
+ARRIVED_KEY = "compass.arrived_at"  # scope key: when the request reached the broker (monotonic)
 _RUNTIME_PATH = re.compile(r"^/v1/runtimes/([^/]{1,64})/(?:token|connection)$")
+
+
+def arrived_at(scope: Scope) -> float | None:
+    """When a runtime request reached the broker, before any wait here (None: not stamped)."""
+    arrived = scope.get(ARRIVED_KEY)
+    return arrived if isinstance(arrived, float) else None
 
 
 def release_first_contact_place(scope: Scope) -> Callable[[], None] | None:
@@ -92,6 +99,10 @@ class FirstContactLimitMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime_id = _runtime_of(scope)
+        if runtime_id is not None:
+            # The request's deadline counts from here (`arrived_at`): a wait in this queue is
+            # part of the agent's timeout.
+            scope[ARRIVED_KEY] = self._clock()
         if runtime_id is None or self._is_known(runtime_id):
             await self._app(scope, receive, send)
             return

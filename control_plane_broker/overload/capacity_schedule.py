@@ -27,8 +27,12 @@ Refinements, each from a measurement (the decision records below):
   admitted requests reserved and their calls have not held yet, from the moment a request's
   first call asks for a slot to its end (`AdmittedRequests.ahead`), plus calls that belong to no
   request. Before its first call a request is in the broker's own work (its mapping written to
-  KCP) and counts only in the reservations (`reserved_until`). What admission does not price is
-  the broker's own time after admission (docs/overload.md).
+  KCP) and counts only in the reservations (`reserved_until`).
+- The deadline: a new request is admitted only when its wait and its calls end before its
+  caller stops waiting, counted from its arrival in the broker, so the time it spent in front
+  (the first-contact limit, the identity check) counts. The broker's own time after admission
+  (its KCP writes) is not estimated: the call whose answer the caller waits for (the token)
+  leaves only when its answer can be back in time (`DirectorLimiter.call`, docs/overload.md).
 
 Holds: pure (the clock is an argument); no request waits longer than `max_wait` for its
 reservation by the estimate, also one that comes back while the queue in front of Director is
@@ -58,6 +62,7 @@ class DirectorLoad:
     reservations: int  # deferred requests holding a reservation
     shift_seconds: float  # how far the reservations moved back because Director fell behind
     slot_timeouts: int  # calls refused after waiting twice the queue timeout for a slot
+    late_calls: int  # calls for a waiting caller held back: their answer would come too late
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,8 @@ class AdmittedRequest:
     held (grant to answer), over every call it made, reserved or not."""
 
     reserved: int
+    key: str = ""  # the runtime's: where a reservation for the rest of it goes
+    deadline: float | None = None  # when its caller stops waiting
     slot_seconds: float = 0.0
     calls: int = 0
     failed: bool = False
@@ -100,8 +107,8 @@ class AdmittedRequests:
     started: int = 0  # reserved calls of requests that asked for a slot and have not finished
     spent_seconds: float = 0.0  # slot seconds those requests' answered calls held
 
-    def admit(self, calls: int) -> AdmittedRequest:
-        request = AdmittedRequest(reserved=max(calls, 1))
+    def admit(self, calls: int, *, key: str = "", deadline: float | None = None) -> AdmittedRequest:
+        request = AdmittedRequest(reserved=max(calls, 1), key=key, deadline=deadline)
         self.outstanding += request.reserved
         return request
 
@@ -184,6 +191,7 @@ class CapacitySchedule:
         now: float,
         queued_calls: float = 0,
         not_before: float | None = None,
+        deadline: float | None = None,
     ) -> Verdict:
         """Admit a request of `calls` Director calls for `key` now, or reserve capacity for it
         and tell it when to return.
@@ -193,7 +201,11 @@ class CapacitySchedule:
         while Director is down (the breaker is open): nobody is admitted, everybody gets a
         reservation after the next probe, so that when Director is back the fleet is already
         spread over the time it needs, instead of returning at once or after its backoff has
-        grown long."""
+        grown long. `deadline`: when the request's caller stops waiting (its arrival in the
+        broker plus the request deadline); a new request is admitted only when its wait and its
+        calls end before then, so the time it already spent in the broker counts too. A request
+        coming back at its reservation is not held to it: its wait is what was promised, and
+        its calls are checked as they leave (`DirectorLimiter.call`)."""
         reservation = self._reservations.get(key)
         if reservation is not None:
             start = reservation.start + self.shift
@@ -223,7 +235,7 @@ class CapacitySchedule:
         # at the spacing ahead (see above), admitted or not.
         spacing = self.seconds_per_call_ahead()
         start = max(self.reserved_until, now + queued_calls * spacing)
-        if not_before is None and self._admissible(now, queued_calls):
+        if not_before is None and self._admissible(now, queued_calls, calls, deadline):
             self.reserved_until = start + calls * spacing
             return Admitted()
         if not_before is not None:
@@ -237,9 +249,13 @@ class CapacitySchedule:
             self._expire(now)
         return Deferred(wait=wait)
 
-    def _admissible(self, now: float, queued_calls: float) -> bool:
-        start = max(self.reserved_until, now + queued_calls * self.seconds_per_call())
-        return start - now <= self.max_wait
+    def _admissible(
+        self, now: float, queued_calls: float, calls: int, deadline: float | None
+    ) -> bool:
+        wait = max(self.reserved_until, now + queued_calls * self.seconds_per_call()) - now
+        if wait > self.max_wait:
+            return False
+        return deadline is None or now + wait + calls * self.latency <= deadline
 
     def cancel(self, key: str) -> None:
         """The request will not need its reservation (e.g. refused later for another reason)."""

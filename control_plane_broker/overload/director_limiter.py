@@ -18,7 +18,9 @@ finish in the time promised; a call that still waits longer than twice the queue
 slot gets `CompassUnavailable`; a call whose caller has hung up by the time it gets a slot does
 not leave (`CallerGone`): after a restart thousands of agents time out while their requests
 queue, and each of those calls would spend Director's time (and a one-time token) on nobody
-while the agents that stayed wait.
+while the agents that stayed wait; likewise a call for a caller still there leaves only when
+its answer can reach the caller before the request's deadline (`reserve`): otherwise the caller
+is told when to come back for it, with a reservation.
 Why: docs/design/0010-queue-counted-from-first-call.md,
 docs/design/0011-calls-outside-requests-in-the-queue.md.
 """
@@ -93,6 +95,9 @@ class DirectorLimiter:
         # Admitted calls that still found no slot in time: the schedule's estimate was short
         # (the answer is a 503 compass-unavailable, as for an open breaker, so count it apart).
         self._slot_timeouts = 0
+        # Calls for a waiting caller held back because their answer would come after the
+        # caller's deadline (answered 503 capacity-booked, with a reservation for the call).
+        self._late_calls = 0
         self._admitted = AdmittedRequests()
         # Calls outside any admitted request (the reconciler's) waiting for a slot, and the
         # follow-ups they promised: not in the slot queue yet, but served before every first
@@ -127,6 +132,7 @@ class DirectorLimiter:
             reservations=schedule.reservations(),
             shift_seconds=schedule.shift,
             slot_timeouts=self._slot_timeouts,
+            late_calls=self._late_calls,
         )
 
     def _set(self, breaker: cb.Breaker) -> None:
@@ -148,18 +154,25 @@ class DirectorLimiter:
         wait = verdict.wait if isinstance(verdict, Deferred) else probe_at - now
         raise CompassDown("circuit breaker open", retry_after=self._reservation_wait(wait))
 
-    def reserve(self, key: str, *, calls: int) -> None:
-        """Admits a request of `calls` Director calls for `key`, or raises `CapacityReserved`."""
+    def reserve(self, key: str, *, calls: int, deadline: float | None = None) -> None:
+        """Admits a request of `calls` Director calls for `key`, or raises `CapacityReserved`.
+        `deadline` (this clock's time): when the request's caller stops waiting; the request
+        is admitted only when its wait and calls end before, and its calls for that caller
+        leave only when their answer can be back before (`call`)."""
         verdict = self.schedule.reserve(
-            key, calls=calls, now=self._clock(), queued_calls=self._queued_calls()
+            key,
+            calls=calls,
+            now=self._clock(),
+            queued_calls=self._queued_calls(),
+            deadline=deadline,
         )
         if isinstance(verdict, Deferred):
             raise CapacityReserved(
                 "Director capacity is booked", retry_after=self._reservation_wait(verdict.wait)
             )
-        self._track(calls)
+        self._track(calls, key=key, deadline=deadline)
 
-    def _track(self, calls: int) -> None:
+    def _track(self, calls: int, *, key: str, deadline: float | None) -> None:
         """The admitted request runs in the current task and ends with it (one request per
         task, as the HTTP server runs them); a task that reserves again has finished its last."""
         try:
@@ -174,7 +187,7 @@ class DirectorLimiter:
             _SERVED.set(served)
             task.add_done_callback(lambda _: self._finish(served.request))
         self._finish(served.request)
-        served.request = self._admitted.admit(calls)
+        served.request = self._admitted.admit(calls, key=key, deadline=deadline)
 
     def _finish(self, request: AdmittedRequest | None) -> None:
         if request is None:
@@ -224,6 +237,8 @@ class DirectorLimiter:
                     )
                 if caller_present is not None and not await caller_present():
                     raise CallerGone("the caller hung up while the call waited for a slot")
+                if caller_present is not None and request is not None:
+                    self._refuse_if_late(request)
                 result = await self._timed(fn, granted, request)
             finally:
                 self._slots.release()
@@ -235,14 +250,41 @@ class DirectorLimiter:
         except DirectorFailed:
             verdict = "ambiguous"
             raise
-        except (CompassUnavailable, CallerGone):
-            raise  # our own queue timeout, breaker or a caller gone: no verdict on Director
+        except (CompassUnavailable, CallerGone, CapacityReserved):
+            # Our own queue timeout, breaker, a caller gone or late: no verdict on Director.
+            raise
         except Exception:
             verdict = "healthy"  # a permanent answer: Director is up and talking
             raise
         finally:
             self._owed_follow_ups -= owed
             self._settle(verdict, probe=probe, subject=subject)
+
+    def _refuse_if_late(self, request: AdmittedRequest) -> None:
+        """Raises `CapacityReserved`, with a reservation for this call, when its answer would
+        reach the caller after its deadline by the schedule's estimate of a call. The request's
+        own work after admission (KCP writes, a slow event loop) is not estimated ahead: it is
+        seen here, before a one-time token is made that nobody would receive, and the agent
+        comes back for it at its reservation (its registration is done: one call left)."""
+        now = self._clock()
+        if request.deadline is None or now + self.schedule.latency <= request.deadline:
+            return
+        self._late_calls += 1
+        verdict = self.schedule.reserve(
+            request.key, calls=1, now=now, queued_calls=self._queued_calls(), not_before=now
+        )
+        wait = verdict.wait if isinstance(verdict, Deferred) else 0.0
+        log.info(
+            "Director call held back: its answer would come after the caller's deadline",
+            extra={
+                "late_seconds": round(now + self.schedule.latency - request.deadline, 3),
+                "estimate_seconds": round(self.schedule.latency, 3),
+            },
+        )
+        raise CapacityReserved(
+            "the answer would come after the caller stops waiting",
+            retry_after=self._reservation_wait(wait),
+        )
 
     async def _slot(self, *, follow_up: bool, reserved: bool) -> float:
         """Waits for a slot (follow-ups first); answers when it was granted."""

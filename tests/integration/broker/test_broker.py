@@ -98,8 +98,11 @@ def test_happy_path_registers_once_records_mapping_and_issues_tokens(
         assert key in runtime.labels, key
     assert runtime.name == runtime.labels["gardenerClusterName"]
 
-    mapping = rt_a.mapping()
-    assert mapping is not None
+    # The status is written right after the answer (the agent does not wait for it).
+    mapping = wait_for(
+        lambda: (m := rt_a.mapping()) and (m.get("status") or {}).get("lastTokenIssuedAt") and m,
+        what="the mapping's status after the token",
+    )
     assert mapping["metadata"]["labels"]["kyma-project.io/compass-runtime-id"] == runtime.id
     assert mapping["metadata"]["labels"]["operator.kyma-project.io/kyma-name"] == rt_a.kyma_name
     assert mapping["metadata"]["labels"]["kyma-project.io/global-account-id"] == rt_a.tenant
@@ -591,8 +594,11 @@ def test_crash_between_register_and_record_then_restart_no_duplicate(
     assert r.json()["compassRuntimeID"] == runtime.id
     assert attempts(sim, "registerRuntime") == 1
     assert len(director_runtimes(sim, rt_a.tenant)) == 1
-    mapping = rt_a.mapping()
-    assert mapping is not None
+    # The status is written right after the answer (the agent does not wait for it).
+    mapping = wait_for(
+        lambda: (m := rt_a.mapping()) and (m.get("status") or {}).get("lastTokenIssuedAt") and m,
+        what="the mapping's status after the token",
+    )
     assert mapping["metadata"]["labels"]["kyma-project.io/compass-runtime-id"] == runtime.id
 
 

@@ -96,6 +96,8 @@ def test_a_report_is_recorded_with_its_condition_and_shown_by_kubectl_get(
     broker = brokers(**FAST)
     issued = broker.request_token(rt_a.runtime_id, rt_a.token())
     assert issued.status_code == 201, issued.text
+    # The token's status is written right after the answer; the reports below come after it.
+    wait_for(lambda: condition(rt_a, "TokenIssued"), what="TokenIssued after the token")
     compass_id = issued.json()["compassRuntimeID"]
     director_calls = total_attempts(sim)
 
@@ -214,6 +216,7 @@ def test_two_brokers_receiving_reports_alternately_lose_no_update(
 ) -> None:
     one, two = brokers(**FAST), brokers(**FAST)
     assert one.request_token(rt_a.runtime_id, rt_a.token()).status_code == 201
+    wait_for(lambda: condition(rt_a, "TokenIssued"), what="TokenIssued after the token")
     token = rt_a.token()
     states = ["Connected", "ConnectionFailed", "Synchronized", "SynchronizationFailed"]
     for index in range(16):

@@ -83,9 +83,11 @@ def test_registration_and_token_failures_set_conditions_and_one_warning(
     time.sleep(1.1)  # transition times have whole seconds
     r = broker.request_token(rt_a.runtime_id, rt_a.token())
     assert r.status_code == 201, r.text
-    now_registered = condition(rt_a, "Registered")
-    assert now_registered is not None
-    assert now_registered["status"] == "True"
+    # The status is written right after the answer (the agent does not wait for it).
+    now_registered = wait_for(
+        lambda: (c := condition(rt_a, "Registered")) and c["status"] == "True" and c,
+        what="Registered=True after the token",
+    )
     assert now_registered["lastTransitionTime"] != registered["lastTransitionTime"]
     status = rt_a.mapping()["status"]  # type: ignore[index]
     assert seconds_ago(status["lastTokenIssuedAt"]) < 120

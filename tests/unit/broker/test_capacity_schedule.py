@@ -229,3 +229,26 @@ def test_what_an_admitted_request_reserves_is_counted_at_the_fastest_recent_rate
     # deferred reservation starts right behind it, not where the inflated average would put it.
     assert cal.reserved_until == 2 * SLOT
     assert cal.reserve("deferred", calls=1, now=0.0, queued_calls=4) == Deferred(wait=4 * SLOT)
+
+
+def test_a_new_request_is_admitted_only_when_its_wait_and_calls_end_before_its_deadline() -> None:
+    cal = schedule()
+    for i in range(8):  # 8 calls ahead: the next one starts 0.5 s from now
+        assert cal.reserve(f"rt-{i}", calls=1, now=0.0) == Admitted()
+    # 0.5 s wait + 2 calls of 0.125 s end at 0.75 s: within a deadline at 0.75.
+    assert cal.reserve("in-time", calls=2, now=0.0, deadline=0.75) == Admitted()
+    # The next waits 0.625 s and its calls end at 0.875 s: past 0.85, though its wait is within
+    # max_wait (the request spent the rest of its time in the broker before it asked).
+    late = cal.reserve("late", calls=2, now=0.0, deadline=0.85)
+    assert late == Deferred(wait=10 * SLOT)  # after everything reserved, as any deferral
+    assert cal.reservations() == 1
+    # At its reservation it is admitted: the wait is what was promised to it.
+    assert cal.reserve("late", calls=2, now=10 * SLOT, deadline=10 * SLOT) == Admitted()
+
+
+def test_a_request_already_past_its_deadline_is_deferred_even_with_director_idle() -> None:
+    cal = schedule()
+    verdict = cal.reserve("slow-front", calls=1, now=5.0, deadline=4.0)
+    assert verdict == Deferred(wait=0.0)
+    assert cal.reservations() == 1
+    assert cal.reserve("no-deadline", calls=1, now=5.0) == Admitted()

@@ -481,6 +481,7 @@ async def test_the_admission_gauges_show_calls_in_flight_waiting_and_reserved_ah
         "broker_director_tickets": 2.0,
         "broker_director_calendar_shift_seconds": 0.0,
         "broker_director_slot_timeouts_total": 0.0,
+        "broker_director_late_calls_total": 0.0,
     }
     assert limiter.snapshot().reservations == limiter.schedule.reservations() > 0
     release.set()

@@ -362,3 +362,45 @@ async def test_the_queue_counts_the_tokens_that_waiting_registrations_will_ask_f
     g.reserve("next", calls=1)
     release.set()
     await asyncio.gather(*calls)
+
+
+async def test_a_call_for_a_waiting_caller_leaves_only_if_its_answer_is_back_by_the_deadline() -> (
+    None
+):
+    clock = Clock()
+    g = limiter(clock)  # a call is estimated at 0.1 s
+    sent: list[str] = []
+
+    async def there() -> bool:
+        return True
+
+    def director(name: str, seconds: float):  # type: ignore[no-untyped-def]
+        async def fn() -> None:
+            sent.append(name)
+            clock.now += seconds
+
+        return fn
+
+    async def request() -> None:
+        g.reserve("rt-1", calls=2, deadline=clock.now + 1.0)
+        # The registration goes on without looking at the caller: the next request needs it.
+        await g.call(director("register", 0.3))
+        clock.now += 0.65  # the broker's own work (the mapping written to KCP) ran long
+        # 0.95 s spent: the token's answer would come at 1.05 s, after the caller's deadline.
+        with pytest.raises(CapacityReserved) as info:
+            await g.call(director("token", 0.1), follow_up=True, caller_present=there)
+        assert info.value.slug == "capacity-booked"
+
+    await asyncio.create_task(request())
+    assert sent == ["register"]  # no one-time token made for an answer nobody would get
+    assert g.snapshot().late_calls == 1
+    assert g.schedule.reservations() == 1  # the call is reserved for its return
+    assert g.snapshot().in_flight == 0  # the slot was given back
+
+    async def back() -> None:
+        g.reserve("rt-1", calls=1, deadline=clock.now + 1.0)  # admitted on its reservation
+        await g.call(director("token", 0.1), follow_up=True, caller_present=there)
+
+    await asyncio.create_task(back())
+    assert sent == ["register", "token"]
+    assert g.schedule.reservations() == 0

@@ -13,6 +13,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from control_plane_broker.api.first_contact_middleware import (
     FirstContactLimitMiddleware,
+    arrived_at,
     release_first_contact_place,
 )
 from control_plane_broker.errors import IdentityNotProven
@@ -325,3 +326,34 @@ async def test_a_place_given_up_teaches_the_first_contact_limit_its_rate() -> No
     app.release(token_path(0))
     await task
     assert mw.limit.hold == pytest.approx(0.75)
+
+
+async def test_a_runtime_request_is_stamped_with_its_arrival_before_it_waits_here() -> None:
+    """The request's deadline counts from this stamp (`issuing`): the wait in this queue is
+    part of the agent's timeout."""
+    clock = [50.0]
+    seen: dict[str, float | None] = {}
+
+    class Stamps(App):
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            seen[scope["path"]] = arrived_at(scope)
+            await super().__call__(scope, receive, send)
+
+    app = Stamps()
+    mw = FirstContactLimitMiddleware(
+        app, capacity=1, is_known=lambda _: False, clock=lambda: clock[0]
+    )
+    first = asyncio.create_task(mw(http(token_path(0)), receive, send))
+    await until(lambda: token_path(0) in seen)
+    second = asyncio.create_task(mw(http(token_path(1)), receive, send))
+    await until(lambda: mw.waiting == 1)
+    clock[0] = 53.0  # the second waits for the first's place
+    app.release(token_path(0))
+    await first
+    await until(lambda: token_path(1) in seen)
+    assert seen == {token_path(0): 50.0, token_path(1): 50.0}
+    app.release(token_path(1))
+    await second
+    app.release("/healthz")
+    await mw(http("/healthz", "GET"), receive, send)  # not a runtime request: no stamp
+    assert seen["/healthz"] is None

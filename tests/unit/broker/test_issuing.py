@@ -461,3 +461,29 @@ async def test_a_remembered_tenant_refusal_costs_no_director_call_and_no_capacit
             await w.issuer.issue("rt-1", HEADERS)
     assert not any(a.startswith(("token", "register")) for a in w.recorder.asked)
     assert w.director_limiter.schedule.reservations() == 0
+
+
+async def test_a_request_that_spent_its_time_in_front_is_deferred_before_any_call() -> None:
+    """The deadline counts from the request's arrival in the broker: a request that waited at
+    the first-contact limit and in its identity check until its caller nearly gives up is told
+    to come back (with a reservation) instead of being admitted into calls it cannot wait for."""
+    w = world()
+    deadline = Settings().request_deadline_seconds
+    with pytest.raises(CapacityReserved):
+        await w.issuer.issue("rt-1", HEADERS, arrived_at=w.clock.now - deadline + 0.1)
+    assert not any(a.startswith(("register", "token")) for a in w.recorder.asked)
+    assert w.director_limiter.schedule.reservations() == 1
+    # Arrived just now (it came back, known and proven recently): admitted on its reservation.
+    issued = await w.issuer.issue("rt-1", HEADERS, arrived_at=w.clock.now)
+    assert issued.token == "ott-1"
+
+
+async def test_the_status_is_written_after_the_answer_when_the_caller_can_run_work_then() -> None:
+    w = world()
+    later: list[Any] = []
+    issued = await w.issuer.issue("rt-1", HEADERS, after_answer=later.append)
+    assert issued.token == "ott-1"
+    assert w.recorder.statuses == []  # the answer did not wait for the mapping's status
+    assert len(later) == 1
+    await later[0]()
+    assert w.recorder.statuses == [("issued", REGISTERED)]
