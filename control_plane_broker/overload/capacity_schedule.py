@@ -42,7 +42,8 @@ forever; while Director is down a reservation keeps its place until it starts; m
 by the number of distinct keys with a reservation.
 Why: docs/design/0005-capacity-schedule-instead-of-a-queue.md,
 docs/design/0007-reserve-at-the-fastest-recent-call.md, docs/design/0008-shift-reservations.md,
-docs/design/0009-price-a-call-by-slot-time.md, docs/design/0010-queue-counted-from-first-call.md.
+docs/design/0009-price-a-call-by-slot-time.md, docs/design/0010-queue-counted-from-first-call.md,
+docs/design/0014-request-deadline-from-arrival.md.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ while the agents that stayed wait; likewise a call for a caller still there leav
 its answer can reach the caller before the request's deadline (`reserve`): otherwise the caller
 is told when to come back for it, with a reservation.
 Why: docs/design/0010-queue-counted-from-first-call.md,
-docs/design/0011-calls-outside-requests-in-the-queue.md.
+docs/design/0011-calls-outside-requests-in-the-queue.md,
+docs/design/0014-request-deadline-from-arrival.md.
 """
 
 from __future__ import annotations
