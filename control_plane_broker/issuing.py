@@ -10,11 +10,11 @@ Holds: nothing reaches Director unless the runtime ID is valid, the caller prove
 runtime, the Kyma allows it and Director's capacity has room for the request within the queue
 timeout and before the request's deadline, counted from its arrival (otherwise the caller is
 told when to come back); a token is requested only when its answer can reach the caller before
-that deadline; an unknown runtime and a bad proof
-look the same to a caller that cannot prove who it is (both 401); concurrent requests of one
-runtime share one registration, but every caller gets its own one-time token; a runtime whose
-mapping is being deleted gets none; a revoked runtime gets none (told only once it proved who it
-is); issued tokens are rate-limited per runtime.
+that deadline, and the answer does not wait for the mapping's status; an unknown runtime and a
+bad proof look the same to a caller that cannot prove who it is (both 401); concurrent requests
+of one runtime share one registration, but every caller gets its own one-time token; a runtime
+whose mapping is being deleted gets none; a revoked runtime gets none (told only once it proved
+who it is); issued tokens are rate-limited per runtime.
 """
 
 from __future__ import annotations
