@@ -334,6 +334,7 @@ def identity(
             allowed=allowed,
             required_module=settings.module_name if settings.module_policy == "required" else None,
             clock=mono,
+            wall=wall,
         )
     screened = ScreeningVerifier(
         inner,

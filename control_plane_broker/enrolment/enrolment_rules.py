@@ -35,8 +35,6 @@ from control_plane_broker.registration.state import (
     ANNOTATION_ISSUER_PENDING_SINCE,
 )
 
-ALGORITHMS = frozenset({"RS256", "ES256"})
-
 
 def claimed_issuer(token: str) -> str:
     """The token's `iss` as written ("" without one), read without verifying anything: only
@@ -61,7 +59,7 @@ def presented_issuer(
         unverified = jwt.decode(token, options={"verify_signature": False})
     except jwt.PyJWTError as exc:
         raise IdentityNotProven("not a JWT", reason="malformed") from exc
-    if header.get("alg") not in ALGORITHMS or not header.get("kid"):
+    if header.get("alg") not in claims.ISSUER_KEY_ALGORITHMS or not header.get("kid"):
         raise IdentityNotProven("unsupported signature algorithm or no key id", reason="algorithm")
     exp = unverified.get("exp")
     if not isinstance(exp, int | float) or exp <= now:

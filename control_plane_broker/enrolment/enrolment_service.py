@@ -73,6 +73,7 @@ class EnrolmentVerifier:
         allowed: frozenset[tuple[str, str]],
         required_module: str | None,
         clock: Callable[[], float],
+        wall: Callable[[], float] = time.time,
         event_interval: float = EVENT_INTERVAL_SECONDS,
     ) -> None:
         self._inner = inner
@@ -86,6 +87,7 @@ class EnrolmentVerifier:
         self._allowed = allowed
         self._module = required_module
         self._clock = clock  # monotonic: only paces Events
+        self._wall = wall  # epoch seconds: token expiry, the pending annotation's time
         self._interval = event_interval
         # Kyma name → the mapping version a pending write was last tried on; → last Event.
         self._written_on: OrderedDict[str, str] = OrderedDict()
@@ -114,7 +116,7 @@ class EnrolmentVerifier:
                 runtime_id=runtime_id, token=token, issuer=verify.issuer
             )
         presented = enrolment_rules.presented_issuer(
-            token, audience=self._audience, allowed=self._allowed, now=time.time()
+            token, audience=self._audience, allowed=self._allowed, now=self._wall()
         )
         step = enrolment_rules.await_approval(presented, enrolment)
         await self._ask_for_approval(kyma, mapping, step)
@@ -171,7 +173,7 @@ class EnrolmentVerifier:
     async def _write_pending(
         self, kyma: KymaView, mapping: state.Mapping | None, issuer: str
     ) -> None:
-        now = time.time()
+        now = self._wall()
         if mapping is None:
             await self._repo.create(
                 state.new_pending_mapping(kyma, namespace=self._namespace, issuer=issuer, now=now)

@@ -21,6 +21,9 @@ IdentityError = IdentityNotProven | IdentityForbidden
 SA_PREFIX = "system:serviceaccount:"
 # What a Kubernetes API server signs ServiceAccount tokens with (by the key's type and curve).
 SA_ALGORITHMS = frozenset({"RS256", "ES256", "ES384", "ES512"})
+# What a token is verified with against an issuer's published keys (jwks mode, BYOC enrolment):
+# one list for both, so a token enrolment accepts is one the jwks proof can verify.
+ISSUER_KEY_ALGORITHMS = ("RS256", "ES256")
 
 
 @dataclass(frozen=True)

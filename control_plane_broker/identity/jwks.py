@@ -39,7 +39,6 @@ from kubeapi import KubeError, KubeUnavailable
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ["RS256", "ES256"]
 MAX_VERDICTS = 20_000
 MAX_SOURCES = 20_000  # runtimes (or issuers) whose keys or failed fetch are remembered
 JWKS_ACCEPT = "application/jwk-set+json, application/json"  # the API server refuses plain JSON
@@ -262,7 +261,7 @@ class JwksVerifier:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:
             raise IdentityNotProven("not a JWT", reason="malformed") from exc
-        if header.get("alg") not in ALGORITHMS:
+        if header.get("alg") not in claims.ISSUER_KEY_ALGORITHMS:
             raise IdentityNotProven("unsupported signature algorithm", reason="algorithm")
         try:
             issuer, key, fetched_at = await self._key_for(source, fetch, str(header.get("kid", "")))
@@ -277,7 +276,7 @@ class JwksVerifier:
             payload = jwt.decode(
                 token,
                 key=key.key,
-                algorithms=ALGORITHMS,
+                algorithms=list(claims.ISSUER_KEY_ALGORITHMS),
                 audience=self._audience,
                 issuer=issuer,
                 leeway=self._leeway,
