@@ -37,9 +37,11 @@ Refinements, each from a measurement (the decision records below):
 Holds: pure (the clock is an argument); no request waits longer than `max_wait` for its
 reservation by the estimate, also one that comes back while the queue in front of Director is
 longer than the schedule expected; the order of reservations survives a shift; a key holds at
-most one reservation; reservations expire, so agents that never come back do not hold capacity
-forever; while Director is down a reservation keeps its place until it starts; memory is bounded
-by the number of distinct keys with a reservation.
+most one reservation; a reservation expires `reservation_grace` after its start and is gone at
+the next `reserve` or reading of the gauges, so an agent that never comes back is neither waited
+for nor counted, and the shift returns to 0 once no reservation is left; while Director is down
+a reservation keeps its place until it starts; memory is bounded by the reservations not yet
+expired.
 Why: docs/design/0005-capacity-schedule-instead-of-a-queue.md,
 docs/design/0007-reserve-at-the-fastest-recent-call.md, docs/design/0008-shift-reservations.md,
 docs/design/0009-price-a-call-by-slot-time.md, docs/design/0010-queue-counted-from-first-call.md,
@@ -207,6 +209,7 @@ class CapacitySchedule:
         calls end before then, so the time it already spent in the broker counts too. A request
         coming back at its reservation is not held to it: its wait is what was promised, and
         its calls are checked as they leave (`DirectorLimiter.call`)."""
+        self.expire(now)
         reservation = self._reservations.get(key)
         if reservation is not None:
             start = reservation.start + self.shift
@@ -246,8 +249,6 @@ class CapacitySchedule:
         self._reservations[key] = _Reservation(
             start=start - self.shift, expires=start + self.reservation_grace - self.shift
         )
-        if len(self._reservations) > 4 * 1024 and len(self._reservations) % 1024 == 0:
-            self._expire(now)
         return Deferred(wait=wait)
 
     def _admissible(
@@ -257,10 +258,6 @@ class CapacitySchedule:
         if wait > self.max_wait:
             return False
         return deadline is None or now + wait + calls * self.latency <= deadline
-
-    def cancel(self, key: str) -> None:
-        """The request will not need its reservation (e.g. refused later for another reason)."""
-        self._drop(key)
 
     def _drop(self, key: str) -> None:
         self._reservations.pop(key, None)
@@ -279,6 +276,14 @@ class CapacitySchedule:
     def reservations(self) -> int:
         return len(self._reservations)
 
-    def _expire(self, now: float) -> None:
-        for key in [k for k, r in self._reservations.items() if now > r.expires + self.shift]:
+    def expire(self, now: float) -> None:
+        """Drops the reservations of agents that did not come back within the grace, oldest
+        first: reservations are made in the order of their starts, so the first one still
+        valid ends the walk (amortised O(1) per call). Called on every `reserve` and before the
+        gauges are read, so that the reservations and the shift an operator sees are those of
+        agents that may still come, also when no request has arrived since."""
+        while self._reservations:
+            key, reservation = next(iter(self._reservations.items()))
+            if now <= reservation.expires + self.shift:
+                return
             self._drop(key)

@@ -125,6 +125,7 @@ class DirectorLimiter:
 
     def snapshot(self) -> DirectorLoad:
         schedule = self.schedule
+        schedule.expire(self._clock())  # right at scrape time, also with no request since
         return DirectorLoad(
             in_flight=self._slots.taken,
             waiting=self._slots.waiting,

@@ -106,15 +106,6 @@ def test_while_director_is_down_a_reservation_keeps_its_place_until_its_reservat
     assert cal.reserve("a", calls=1, now=30.5, not_before=35.0) == Deferred(wait=4.5)
 
 
-def test_cancel_gives_the_reservation_up() -> None:
-    cal = schedule(max_wait=0.0)
-    cal.reserve("a", calls=1, now=0.0)
-    assert isinstance(cal.reserve("b", calls=1, now=0.0), Deferred)
-    cal.cancel("b")
-    cal.cancel("never-reserved")
-    assert cal.reservations() == 0
-
-
 def test_the_queue_in_front_of_director_counts_even_when_nothing_is_reserved() -> None:
     cal = schedule()
     # After a restart the schedule is empty, but 80 calls already wait for a slot: 5 s.
@@ -146,6 +137,20 @@ def test_reservations_of_agents_that_never_came_back_are_dropped() -> None:
     # Much later a new herd arrives; the stale reservations go when the schedule grows again.
     cal.reserve("new", calls=1, now=1e6, queued_calls=10)
     assert cal.reservations() == 1
+
+
+def test_expiry_drops_the_oldest_reservations_and_stops_at_the_first_still_valid() -> None:
+    cal = CapacitySchedule(capacity=1, max_wait=0.0, latency=1.0, reservation_grace=10.0)
+    cal.reserve("first", calls=1, now=0.0)
+    for i in range(3):  # starts 1, 2, 3: they expire at 11, 12, 13
+        assert cal.reserve(f"rt-{i}", calls=1, now=0.0) == Deferred(wait=1.0 + i)
+    cal.expire(11.5)
+    assert cal.reservations() == 2
+    cal.expire(13.0)  # rt-2 is valid until the end of 13
+    assert cal.reservations() == 1
+    # A reserve expires too, before it looks at its own key: rt-2, late, reserves anew.
+    assert cal.reserve("rt-2", calls=1, now=13.5) == Admitted()
+    assert cal.reservations() == 0
 
 
 def test_a_reservation_waits_while_director_is_behind_the_schedule() -> None:
@@ -185,13 +190,10 @@ def test_when_director_falls_behind_every_later_wait_moves_back_in_order() -> No
     # At their moved starts, with the queue back within the promise, they are admitted.
     assert cal.reserve("rt-0", calls=1, now=4.0, queued_calls=16) == Admitted()
     assert cal.reserve("rt-5", calls=1, now=4.0 + 5 * SLOT, queued_calls=16) == Admitted()
-    for i in (*range(1, 5), *range(6, 20)):
-        cal.cancel(f"rt-{i}")
-    cal.cancel("new")
-    assert (cal.reservations(), cal.shift) == (
-        0,
-        0.0,
-    )  # no reservation left to keep: the next herd starts afresh
+    # The others never come back: a grace after their (moved) starts they are gone, and with
+    # no reservation left to keep in order the next herd starts afresh.
+    cal.expire(reserved + 2.0 + cal.reservation_grace + 0.1)
+    assert (cal.reservations(), cal.shift) == (0, 0.0)
 
 
 def slowed_by_a_burst() -> CapacitySchedule:

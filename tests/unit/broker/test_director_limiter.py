@@ -4,6 +4,7 @@ slots in front of every Director call, and a request's whole use of the slots.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -404,3 +405,15 @@ async def test_a_call_for_a_waiting_caller_leaves_only_if_its_answer_is_back_by_
     await asyncio.create_task(back())
     assert sent == ["register", "token"]
     assert g.schedule.reservations() == 0
+
+
+def test_the_gauges_drop_reservations_of_agents_that_never_came_back_without_a_request() -> None:
+    clock = Clock()
+    g = limiter(clock)
+    for i in range(30):  # 21 admitted within the second; the rest deferred with reservations
+        with contextlib.suppress(CapacityReserved):
+            g.reserve(f"rt-{i}", calls=1)
+    assert g.snapshot().reservations == 9
+    # Nobody comes back, and no request arrives: at the next scrape they are gone.
+    clock.now += g.schedule.reservation_grace + 2.0
+    assert (g.snapshot().reservations, g.snapshot().shift_seconds) == (0, 0.0)
