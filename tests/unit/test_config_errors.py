@@ -206,3 +206,13 @@ def test_the_agents_help_names_variables_and_says_unset_not_none() -> None:
     assert "AGENT_RUNTIME_ID [unset]" in out.stdout
     assert "AGENT_DELETE_SECRET_ON_DISABLE [true]" in out.stdout
     assert "None" not in out.stdout
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon", HOSTILE])
+def test_a_request_deadline_that_cannot_work_is_refused_by_name(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [line] = broker_errors(monkeypatch, {"BROKER_REQUEST_DEADLINE_SECONDS": value})
+    assert line.startswith("BROKER_REQUEST_DEADLINE_SECONDS: ")
+    assert line.isprintable()
+    assert len(line) < 200
