@@ -57,7 +57,11 @@ root fields ("registerRuntime", "runtimes", ...) and Connector's ("configuration
 Faults (`faults.py`): `down` ("refuse" | "drop" | "503"), `latency` (fixed + jitter),
 `errors` (per operation: Director error code or HTTP status, rate, count),
 `lost_responses` ({operation: count}: executed, then 504 or dropped connection),
-`rate_limit` (429 + Retry-After), `max_concurrent_director_requests` (queueing).
+`rate_limit` (429 + Retry-After), `max_concurrent_director_requests` (queueing);
+Director's database: `database_down` (every Director call fails without effect, HTTP
+200, codes 10 / 26 in turn), `commit_then_error` ({mutation: count}: it takes effect,
+then code 10 "while committing transaction"), `field_error_after_commit` ({operation:
+count}: it takes effect, its Runtime's `labels` is null with a code-10 error).
 
 Tenants (`SimConfig.accounts`): global accounts and their subaccounts with regions,
 as Director's tenant fetcher would have synced them; unknown tenants get HTTP 400 code

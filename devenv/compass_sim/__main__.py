@@ -102,6 +102,25 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument(
         "--lost-response-mode", choices=[m.value for m in LostResponseMode], default="504"
     )
+    faults.add_argument(
+        "--commit-then-error",
+        action="append",
+        default=[],
+        metavar="MUTATION[:COUNT]",
+        help="the next COUNT (default 1) successful calls take effect, then answer code 10",
+    )
+    faults.add_argument(
+        "--field-error-after-commit",
+        action="append",
+        default=[],
+        metavar="OPERATION[:COUNT]",
+        help="the next COUNT (default 1) answered Runtimes have labels null and a code-10 error",
+    )
+    faults.add_argument(
+        "--database-down",
+        action="store_true",
+        help="Director's database is gone: every Director call fails (codes 10 / 26)",
+    )
     faults.add_argument("--rate-limit", metavar="RPS[:BURST]", help="token bucket: 429 beyond it")
     faults.add_argument("--max-concurrent", type=int, help="Director requests served at once")
     faults.add_argument("--faults-json", help="a complete Faults document (overrides the above)")
@@ -109,6 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
     parser.add_argument("--access-log", action="store_true", help="log every request")
     return parser
+
+
+def _counts(specs: list[str]) -> dict[str, int]:
+    """OPERATION[:COUNT] flags as {operation: count}."""
+    counts: dict[str, int] = {}
+    for spec in specs:
+        operation, _, count = spec.partition(":")
+        counts[operation] = int(count or 1)
+    return counts
 
 
 def faults_from_args(args: argparse.Namespace) -> Faults:
@@ -133,11 +161,10 @@ def faults_from_args(args: argparse.Namespace) -> Faults:
             )
         )
     fields["errors"] = tuple(errors)
-    lost: dict[str, int] = {}
-    for spec in args.lost_response:
-        operation, _, count = spec.partition(":")
-        lost[operation] = int(count or 1)
-    fields["lost_responses"] = lost
+    fields["lost_responses"] = _counts(args.lost_response)
+    fields["commit_then_error"] = _counts(args.commit_then_error)
+    fields["field_error_after_commit"] = _counts(args.field_error_after_commit)
+    fields["database_down"] = args.database_down
     if args.rate_limit:
         rps, _, burst = args.rate_limit.partition(":")
         fields["rate_limit"] = RateLimit(requests_per_second=float(rps), burst=int(burst or 1))

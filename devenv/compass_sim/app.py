@@ -179,6 +179,8 @@ class CompassRoutes:
         def outcome_of(f: RootField) -> Outcome:
             if f.key in call.injected:
                 return Outcome.INJECTED_ERROR
+            if f.key in call.after_commit:
+                return Outcome.ERROR_AFTER_COMMIT
             if lost is not None:
                 return Outcome.LOST_RESPONSE
             if response.errors_by_key.get(f.key) or response.status >= 400:

@@ -13,6 +13,21 @@ Request checks, in order:
 4. Per root field: scope (`runtime:read` for queries, `runtime:write` for mutations)
    -> 23; `Tenant` header missing -> 24; then injected faults; then the resolver.
 
+Faults of Director's database (`faults.py`), answered with HTTP 200 as the real one:
+- `database_down`: before the resolver, in turn per operation: code 10
+  `Internal Server Error [errorID=…]`; code 10 with the reason `input: <key> driver:
+  bad connection`; for registerRuntime and setRuntimeLabel code 26 `Unauthorized
+  [reason=Tenant <internal ID> does not have access to the parent of the currently
+  created runtimeLabel: while checking for tenant access: Internal Server Error:
+  Unexpected error while executing SQL query]`. Nothing is written.
+- `commit_then_error`: after the resolver wrote, code 10 with the reason `input: <key>
+  while committing transaction: driver: bad connection` (requestOneTimeTokenForRuntime
+  wraps it twice, as its resolver does), `data.<key>` null.
+- `field_error_after_commit`: the `labels` field of the answered Runtime is null, with
+  code 10 `... reason: input: <key>.labels while committing transaction: ...` at
+  `path [<key>, "labels"]` (`runtimes`: `[<key>, "data", <n>, "labels"]`); the rest
+  of the answer (id, name) stands. Schema: `labels` is nullable, as in Director's.
+
 Semantics (as the real Director):
 - A runtime is owned by the caller's tenant, or by the subaccount its
   `global_subaccount_id` label names (unknown -> 20 `object=tenant`; not the caller nor
@@ -57,7 +72,8 @@ from graphql import GraphQLResolveInfo, GraphQLSchema
 
 from .calls import Call
 from .config import ConsumerType, SimConfig
-from .errors import DirectorError, ErrorCode
+from .errors import BAD_CONNECTION, COMMIT_FAILED, DirectorError, ErrorCode
+from .faults import DatabaseAnswer
 from .graphql_http import GraphQLEndpoint, ParsedRequest, Response, load_schema
 from .labels import (
     description_problem,
@@ -70,7 +86,7 @@ from .labels import (
 from .oauth import BearerError, OAuthServer, hash_token
 from .operations import DIRECTOR_MUTATIONS, DIRECTOR_QUERIES, required_scope
 from .store import ConnectorTokenRecord, RuntimeRecord, RuntimeStatusCondition, Store, TokenKind
-from .tenants import Tenants
+from .tenants import Tenants, internal_tenant_id
 
 __all__ = ["Director", "DirectorContext", "new_connector_token", "serialize_timestamp"]
 
@@ -245,7 +261,23 @@ def runtime_to_graphql(record: RuntimeRecord) -> dict[str, Any]:
     }
 
 
-def _runtime_labels(obj: dict[str, Any], _info: GraphQLResolveInfo, key: str | None = None) -> Any:
+def _gqlgen_path(info: GraphQLResolveInfo) -> str:
+    """A field's path as gqlgen writes it into an error's text: `a.b[0].c`."""
+    text = ""
+    for part in info.path.as_list():
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else part
+    return text
+
+
+def _runtime_labels(obj: dict[str, Any], info: GraphQLResolveInfo, key: str | None = None) -> Any:
+    context: DirectorContext = info.context
+    if context.call.labels_fail(str(info.path.as_list()[0])):
+        # Director's Labels resolver commits a transaction of its own (a read), after the
+        # root field's; a failed commit is a plain error, shown with the field's path.
+        raise DirectorError.internal(f"input: {_gqlgen_path(info)} {COMMIT_FAILED}")
     labels: dict[str, Any] = obj["labels"]
     if key is None:
         return labels
@@ -346,11 +378,19 @@ class Director:
                 )
             if not context.tenant:
                 raise DirectorError(ErrorCode.TENANT_REQUIRED)
-            context.call.enter(operation, str(info.path.key))
+            key = str(info.path.key)
+            answer = context.call.database_answer(operation, key)
+            if answer is not None:
+                raise _database_error(answer, context.tenant, key)
+            context.call.enter(operation, key)
             try:
                 result = resolver(context.tenant, **arguments)
             except DirectorError as exc:
-                raise exc.located(str(info.path.key)) from None
+                raise exc.located(key) from None
+            if context.call.commit_fails(operation, key):
+                # Written, then the commit's answer was lost: an untyped error.
+                reason = _COMMIT_REASONS.get(operation, COMMIT_FAILED)
+                raise DirectorError.internal(f"input: {key} {reason}")
             context.call.done(operation)
             return result
 
@@ -587,6 +627,22 @@ class Director:
         labels = {k: v for k, v in current.labels.items() if k != key}
         self._store.replace_runtime(current.model_copy(update={"labels": labels}))
         return {"key": key, "value": current.labels[key]}
+
+
+# The one-time token resolver wraps the failed commit again (onetimetoken/resolver.go).
+_COMMIT_REASONS = {
+    "requestOneTimeTokenForRuntime": f"while committing transaction: {COMMIT_FAILED}",
+}
+
+
+def _database_error(answer: DatabaseAnswer, tenant: str, key: str) -> DirectorError:
+    """A call's error while Director's database is gone (see the module docstring)."""
+    if answer is DatabaseAnswer.TENANT_ACCESS:
+        return DirectorError.tenant_access_lost(internal_tenant_id(tenant))
+    if answer is DatabaseAnswer.BAD_CONNECTION:
+        # The transaction could not begin; resolvers return that error as it is.
+        return DirectorError.internal(f"input: {key} {BAD_CONNECTION}")
+    return DirectorError.internal()
 
 
 def _check_key_column(labels: dict[str, Any]) -> None:

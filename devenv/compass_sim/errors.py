@@ -15,6 +15,11 @@ its column, a filter query that is not JSON) reads `Internal Server Error
 [errorID=<uuid>]`; a plain Go error (a missing runtime behind `setRuntimeLabel`, the
 `scenarios` label) adds `, reason: <its text>`. So code 10 means "permanent mistake"
 as often as "outage".
+
+When Director's database fails, the same presenter answers: a failed commit is a
+plain error (`while committing transaction: driver: bad connection`, shown as the
+reason), a failed query mostly a typed internal error (no reason), and a label's
+tenant check that could not run is code 26 (`DirectorError.tenant_access_lost`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,19 @@ from __future__ import annotations
 import uuid
 from enum import IntEnum
 
-__all__ = ["ConnectorError", "DirectorError", "ErrorCode", "SimulatorError"]
+__all__ = [
+    "BAD_CONNECTION",
+    "COMMIT_FAILED",
+    "ConnectorError",
+    "DirectorError",
+    "ErrorCode",
+    "SimulatorError",
+]
+
+# What database/sql says when the connection broke under a statement or a commit.
+BAD_CONNECTION = "driver: bad connection"
+# Director's transaction wrapper (pkg/persistence) around a failed commit.
+COMMIT_FAILED = f"while committing transaction: {BAD_CONNECTION}"
 
 
 class ErrorCode(IntEnum):
@@ -133,6 +150,19 @@ class DirectorError(SimulatorError):
         if self.reason is None:
             return self
         return DirectorError.internal(f"input: {path}{self.below} {self.reason}")
+
+    @classmethod
+    def tenant_access_lost(cls, internal_tenant: str) -> DirectorError:
+        """Code 26 from creating a runtime label whose parent access check failed in the
+        database (internal/repo/create.go): the check's internal error, wrapped."""
+        return cls(
+            ErrorCode.UNAUTHORIZED,
+            reason=(
+                f"Tenant {internal_tenant} does not have access to the parent of the currently "
+                "created runtimeLabel: while checking for tenant access: Internal Server Error: "
+                "Unexpected error while executing SQL query"
+            ),
+        )
 
     @classmethod
     def not_allowed(cls, reason: str, *, object_type: str | None = None) -> DirectorError:

@@ -15,6 +15,21 @@ need (remaining counts, the rate-limit bucket) and answers, for one request:
 4. `take_lost_response(operation)`: after executing, drop the response (504 or a
    closed connection) although the operation took effect.
 
+Three faults of Director's database, each answered with HTTP 200 as the real Director
+answers them (`director.py` words the errors):
+
+- `database_down`: every Director operation fails without effect. `database_answer`
+  says how, in turn per operation (round-robin from the first answer whenever faults
+  are set): code 10 without a reason, code 10 `driver: bad connection`, and for
+  `registerRuntime` / `setRuntimeLabel` also code 26 (a label's tenant check failed).
+- `commit_then_error` (Director mutations): `take_commit_error(operation)` after the
+  operation took effect: PostgreSQL committed, the driver lost the answer, and Director
+  answers code 10 `while committing transaction: ...` instead of the data.
+- `field_error_after_commit` (operations answering a Runtime): `take_field_error`,
+  asked by the `labels` field, which Director resolves in a transaction of its own
+  after the operation: the answer carries the runtime, `labels` null and a code-10
+  error at `[<field>, "labels"]`.
+
 Counted faults (`remaining`, `lost_responses`) are consumed as they fire, and
 `get()` shows what is left. Randomness and the clock are injected.
 """
@@ -32,9 +47,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import ErrorCode
-from .operations import ALL_ENDPOINTS, ALL_OPERATIONS, Endpoint
+from .operations import ALL_ENDPOINTS, ALL_OPERATIONS, DIRECTOR_MUTATIONS, Endpoint
 
 __all__ = [
+    "RUNTIME_ANSWERS",
+    "AfterCommit",
+    "DatabaseAnswer",
     "DownMode",
     "FaultState",
     "Faults",
@@ -57,6 +75,33 @@ class DownMode(StrEnum):
 class LostResponseMode(StrEnum):
     GATEWAY_TIMEOUT = "504"  # the gateway answers 504 after the operation took effect
     DROP = "drop"  # the connection is closed after the operation took effect
+
+
+class DatabaseAnswer(StrEnum):
+    """What Director answers a call while its database is gone (all HTTP 200, no effect)."""
+
+    # A typed internal error (e.g. MapSQLError): code 10 `Internal Server Error [errorID=…]`.
+    INTERNAL = "internal"
+    # The transaction could not begin: code 10 with the reason `input: <field> driver: bad
+    # connection` (a plain error, so the presenter shows it).
+    BAD_CONNECTION = "bad_connection"
+    # Creating a label, the check of the caller's access to its runtime failed: code 26
+    # `Unauthorized [reason=Tenant <internal ID> does not have access to the parent of the
+    # currently created runtimeLabel: while checking for tenant access: ...]`.
+    TENANT_ACCESS = "tenant_access"
+
+
+# The answers each operation takes in turn while `database_down`: the calls that create
+# labels (registerRuntime, setRuntimeLabel) can also fail in the label's tenant check.
+_DATABASE_ANSWERS = (DatabaseAnswer.INTERNAL, DatabaseAnswer.BAD_CONNECTION)
+_LABEL_WRITING_ANSWERS = (*_DATABASE_ANSWERS, DatabaseAnswer.TENANT_ACCESS)
+_LABEL_WRITERS = frozenset({"registerRuntime", "setRuntimeLabel"})
+
+# Operations whose answer is a Runtime: Director resolves its `labels` field in a
+# transaction of its own, after the operation's.
+RUNTIME_ANSWERS: frozenset[str] = frozenset(
+    {"registerRuntime", "updateRuntime", "unregisterRuntime", "runtime", "runtimes"}
+)
 
 
 class _Model(BaseModel):
@@ -109,6 +154,37 @@ class InjectedError(_Model):
         return _check_operation(value)
 
 
+class AfterCommit(_Model):
+    """A fault that strikes after an operation took effect: it fires with probability
+    `rate`, at most `remaining` times (None: no limit). In a `Faults` document a plain
+    count N stands for `{"remaining": N}` (0: no fault)."""
+
+    rate: float = Field(default=1.0, ge=0, le=1)
+    remaining: int | None = Field(default=None, ge=1)
+
+
+def _after_commit_map(value: object) -> object:
+    """Counts written as plain numbers become `AfterCommit(remaining=N)`; 0 drops the entry."""
+    if not isinstance(value, dict):
+        return value
+    out: dict[object, object] = {}
+    for name, fault in value.items():
+        if type(fault) is int:
+            if fault < 0:
+                raise ValueError(f"{name!r}: a count must be >= 0")
+            if fault > 0:
+                out[name] = AfterCommit(remaining=fault)
+        else:
+            out[name] = fault
+    return out
+
+
+def _check_operations(value: dict[str, AfterCommit], allowed: frozenset[str], what: str) -> None:
+    for name in value:
+        if name not in allowed:
+            raise ValueError(f"{name!r} is not {what}; known: {sorted(allowed)}")
+
+
 class Faults(_Model):
     down: DownMode | None = None
     # Retry-After sent with 503 while `down` is "503" (None: no header).
@@ -121,6 +197,29 @@ class Faults(_Model):
     rate_limit: RateLimit | None = None
     # Director requests beyond this many wait for a free slot (None: no limit).
     max_concurrent_director_requests: int | None = Field(default=None, ge=1)
+    # Director's database is gone: every Director operation fails without effect.
+    database_down: bool = False
+    # Director mutation -> its calls take effect, then answer code 10 (failed commit).
+    commit_then_error: dict[str, AfterCommit] = Field(default_factory=dict)
+    # Operation answering a Runtime -> its calls take effect, then `labels` fails.
+    field_error_after_commit: dict[str, AfterCommit] = Field(default_factory=dict)
+
+    @field_validator("commit_then_error", "field_error_after_commit", mode="before")
+    @classmethod
+    def _counts(cls, value: object) -> object:
+        return _after_commit_map(value)
+
+    @field_validator("commit_then_error")
+    @classmethod
+    def _check_commit(cls, value: dict[str, AfterCommit]) -> dict[str, AfterCommit]:
+        _check_operations(value, DIRECTOR_MUTATIONS, "a Director mutation")
+        return value
+
+    @field_validator("field_error_after_commit")
+    @classmethod
+    def _check_field(cls, value: dict[str, AfterCommit]) -> dict[str, AfterCommit]:
+        _check_operations(value, RUNTIME_ANSWERS, "an operation answering a Runtime")
+        return value
 
     @field_validator("lost_responses")
     @classmethod
@@ -158,6 +257,8 @@ class FaultState:
         self._faults = faults
         self._bucket_tokens = 0.0
         self._bucket_time = 0.0
+        # operation -> how many calls `database_answer` answered since the faults were set.
+        self._database_turns: dict[str, int] = {}
         self._reset_bucket()
 
     def get(self) -> Faults:
@@ -167,6 +268,7 @@ class FaultState:
     def replace(self, faults: Faults) -> None:
         with self._lock:
             self._faults = faults
+            self._database_turns.clear()
             self._reset_bucket()
 
     def _reset_bucket(self) -> None:
@@ -232,6 +334,45 @@ class FaultState:
                 update={"lost_responses": {k: v for k, v in lost.items() if v > 0}}
             )
             return self._faults.lost_response_mode
+
+    def database_answer(self, operation: str) -> DatabaseAnswer | None:
+        """While `database_down`: how this call of a Director operation fails, in turn."""
+        with self._lock:
+            if not self._faults.database_down:
+                return None
+            answers = _LABEL_WRITING_ANSWERS if operation in _LABEL_WRITERS else _DATABASE_ANSWERS
+            turn = self._database_turns.get(operation, 0)
+            self._database_turns[operation] = turn + 1
+            return answers[turn % len(answers)]
+
+    def take_commit_error(self, operation: str) -> bool:
+        """Whether this call, which took effect, answers with a failed commit instead."""
+        with self._lock:
+            return self._take_after_commit("commit_then_error", operation)
+
+    def take_field_error(self, operation: str) -> bool:
+        """Whether the `labels` field of this call's Runtime fails (its own transaction)."""
+        with self._lock:
+            return self._take_after_commit("field_error_after_commit", operation)
+
+    def _take_after_commit(
+        self, name: Literal["commit_then_error", "field_error_after_commit"], operation: str
+    ) -> bool:
+        faults: dict[str, AfterCommit] = getattr(self._faults, name)
+        fault = faults.get(operation)
+        if fault is None:
+            return False
+        # Only draw a random number when it matters, so rate=1 stays deterministic.
+        if fault.rate < 1.0 and self._rng.random() >= fault.rate:
+            return False
+        if fault.remaining is not None:
+            rest = dict(faults)
+            if fault.remaining == 1:
+                del rest[operation]
+            else:
+                rest[operation] = fault.model_copy(update={"remaining": fault.remaining - 1})
+            self._faults = self._faults.model_copy(update={name: rest})
+        return True
 
     def _fire(self, operation: str, *, http: bool) -> InjectedError | None:
         """The first matching injected error that fires, consuming one of its uses."""

@@ -12,6 +12,11 @@ never tokens, secrets or certificates.
 - `errors`: calls answered with an error (GraphQL error or HTTP error status),
   including injected ones; `injected_errors`, `lost_responses`, `rate_limited` and
   `unavailable` (503 or dropped while down) count those cases separately.
+
+Director's database faults: a call refused while `database_down` is an injected
+error (nothing happened); a call that took effect and was then answered with a
+database error (`commit_then_error`, `field_error_after_commit`) has the outcome
+`error_after_commit` and counts among `errors` (its answer was one).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class Outcome(StrEnum):
     ERROR = "error"
     INJECTED_ERROR = "injected_error"
     LOST_RESPONSE = "lost_response"
+    ERROR_AFTER_COMMIT = "error_after_commit"
     RATE_LIMITED = "rate_limited"
     UNAVAILABLE = "unavailable"
     DROPPED = "dropped"

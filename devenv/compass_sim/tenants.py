@@ -15,15 +15,23 @@ as the real one refuses it.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from .config import GlobalAccount
 from .errors import DirectorError
 from .store import Store
 
-__all__ = ["NOT_A_CHILD", "Ownership", "Tenants"]
+__all__ = ["NOT_A_CHILD", "Ownership", "Tenants", "internal_tenant_id"]
 
 NOT_A_CHILD = "Tenant provided in global_subaccount_id label should be child of the caller tenant"
+_INTERNAL_IDS = uuid.UUID("5f0c3c9e-2b1d-4c55-9a57-7c1d0e6a4b21")
+
+
+def internal_tenant_id(external: str) -> str:
+    """The UUID Director keeps a tenant under (its messages name tenants by it); stable per
+    external ID, as the tenant fetcher's row would be."""
+    return str(uuid.uuid5(_INTERNAL_IDS, external))
 
 
 @dataclass(frozen=True)
