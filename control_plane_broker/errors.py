@@ -2,8 +2,8 @@
 
     BrokerError
     ├── TemporaryError              (retry_after: seconds or None; the caller may try again)
-    │   ├── CompassUnavailable      503  Director/OAuth failing, breaker open, or limit reached
-    │   ├── CompassFailed           502  Director failed this request with its internal error
+    │   ├── CompassUnavailable      503  Compass failing or refusing our credentials, breaker open,
+    │   │                                or limit reached
     │   ├── CapacityReserved        503  Director's capacity is reserved: come back when told
     │   ├── FirstContactsBusy       503  too many first contacts wait to be checked: come back later
     │   ├── RegistrationBusy        503  another replica holds the registration claim
@@ -68,17 +68,6 @@ class CompassDown(CompassUnavailable):
     """The breaker is open; Retry-After is this runtime's reservation after the next probe."""
 
     spread = False
-
-
-class CompassFailed(TemporaryError):
-    """Director answered with its internal error (code 10), which it gives to a database
-    failure and to many permanent mistakes alike: not an outage, not a refusal for good. 502
-    without Retry-After, so the agent backs off to its cap (`director.classification` has the
-    evidence)."""
-
-    slug = "compass-failed"
-    status = 502
-    title = "Compass failed to carry out the request"
 
 
 class CapacityReserved(TemporaryError):

@@ -26,15 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from control_plane_broker.director.answers import OneTimeToken
-from control_plane_broker.director.classification import (
-    DirectorFailed,
-    DirectorPermanent,
-    DirectorTenantUnknown,
-)
+from control_plane_broker.director.classification import DirectorPermanent, DirectorTenantUnknown
 from control_plane_broker.director.graphql_client import DirectorApi
 from control_plane_broker.errors import (
     CallerGone,
-    CompassFailed,
     CompassRejected,
     CompassTenantUnknown,
     CompassUnavailable,
@@ -162,14 +157,14 @@ class TokenIssuer:
         try:
             try:
                 ott = await self._token(registered, follow_up=known is None, caller=caller_present)
-            except (DirectorPermanent, DirectorFailed) as exc:
+            except DirectorPermanent as exc:
                 if known is None or isinstance(exc, DirectorTenantUnknown):
                     raise
                 if not await self._registration.is_gone(known):
                     raise
                 registered = await self._register_lost(kyma, known)
                 ott = await self._token(registered, follow_up=True, caller=caller_present)
-        except (CompassUnavailable, CompassRejected, CompassFailed) as exc:
+        except (CompassUnavailable, CompassRejected) as exc:
             await self._status.failed(
                 kyma=kyma,
                 condition="TokenIssued",
@@ -226,7 +221,7 @@ class TokenIssuer:
     async def _register(self, kyma: KymaView, *, fresh: state.Mapping | None = None) -> Registered:
         try:
             return await self._registration.ensure_registered(kyma, fresh=fresh)
-        except (CompassUnavailable, CompassRejected, CompassFailed) as exc:
+        except (CompassUnavailable, CompassRejected) as exc:
             await self._status.failed(
                 kyma=kyma, condition="Registered", event_reason="RegistrationFailed", exc=exc
             )

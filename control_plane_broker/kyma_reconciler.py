@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from control_plane_broker.backoff import backoff
 from control_plane_broker.connections import report_rules
 from control_plane_broker.connections.report_service import report_limits
-from control_plane_broker.director.classification import DirectorFailed, DirectorPermanent
+from control_plane_broker.director.classification import DirectorInternal, DirectorPermanent
 from control_plane_broker.director.graphql_client import DirectorApi
 from control_plane_broker.errors import BrokerError, KymaIncomplete
 from control_plane_broker.kube.kyma_events import KymaEvents
@@ -461,7 +461,7 @@ class KymaReconciler:
                     tenant=tenant, runtime_id=compass_id, key=key, value=value
                 )
                 self._metrics.labels_synced.inc()
-        except (DirectorPermanent, DirectorFailed):
+        except (DirectorPermanent, DirectorInternal):
             # Director answers code 10 for a label on a missing runtime: that runtime may have
             # been unregistered behind our back. Then there is nothing to label; the next token
             # request registers it again.

@@ -64,6 +64,13 @@ class Metrics:
         self.labels_synced = Counter(
             "broker_director_labels_synced_total", "Director labels written.", registry=r
         )
+        self.uncertain_answers = Counter(
+            "broker_director_uncertain_answers_total",
+            "Answers to writing calls that do not prove what Director wrote (its internal "
+            "error, a lost answer, a field failing after the commit), by operation.",
+            ["operation"],
+            registry=r,
+        )
         self.kymas_cached = Gauge(
             "broker_kymas_cached", "Kyma CRs in the broker's watch cache.", registry=r
         )

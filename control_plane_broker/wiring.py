@@ -41,6 +41,7 @@ from control_plane_broker.connections.report_rules import fleet
 from control_plane_broker.connections.report_service import ConnectionReporter
 from control_plane_broker.director.graphql_client import DirectorClient
 from control_plane_broker.director.oauth import OAuthTokenSource
+from control_plane_broker.director.uncertain_answers import UncertainAnswers
 from control_plane_broker.enrolment.enrolment_service import EnrolmentVerifier
 from control_plane_broker.errors import FirstContactsBusy
 from control_plane_broker.identity.jwks import JwksVerifier
@@ -270,8 +271,15 @@ def director_side(
     oauth = OAuthTokenSource(oauth_http, credentials, scope=settings.director_scope, clock=mono)
     # Director calls share the main loop: a loop in a thread of its own made admitted requests
     # outlast the agents' 30 s timeout at N = 5,000 (the two threads contend for the interpreter).
+    uncertain = UncertainAnswers(
+        count=lambda operation: metrics.uncertain_answers.labels(operation).inc(), clock=mono
+    )
     director = DirectorClient(
-        http=director_http, url=settings.director_url, oauth=oauth, limiter=director_limiter
+        http=director_http,
+        url=settings.director_url,
+        oauth=oauth,
+        limiter=director_limiter,
+        on_uncertain=uncertain.record,
     )
     return director, director_limiter
 

@@ -52,6 +52,7 @@ class RuntimeRegisterInput(_Model):
 class GraphQLError(_Model):
     message: str = ""
     extensions: dict[str, Any] | None = None
+    path: list[str | int] | None = None
 
     @property
     def code(self) -> int | None:

@@ -2,12 +2,16 @@
 
 Holds: every call goes through the Director limiter (breaker, capacity schedule, concurrency
 limit); every failure leaves as `DirectorRetryable` or `DirectorPermanent` (see
-`director.classification`); tokens are never logged.
+`director.classification`), and says whether it may have written; a mutation's answer that
+carries its data next to errors in fields resolved after the commit is the mutation's result;
+every answer to a writing call that may have written is told to `on_uncertain`; tokens are
+never logged.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import httpx
@@ -23,10 +27,14 @@ from control_plane_broker.director.answers import (
     RuntimeRegisterInput,
 )
 from control_plane_broker.director.classification import (
+    WRITING_OPERATIONS,
+    AnswerError,
     DirectorNotFound,
     DirectorPermanent,
     DirectorRetryable,
     classify,
+    committed,
+    may_have_written,
 )
 from control_plane_broker.director.oauth import OAuthTokenSource
 from control_plane_broker.overload.director_limiter import CallerPresent, DirectorLimiter
@@ -93,11 +101,15 @@ class DirectorClient:
         url: str,
         oauth: OAuthTokenSource,
         limiter: DirectorLimiter,
+        on_uncertain: Callable[[str, str], None] | None = None,
     ) -> None:
+        """`on_uncertain(operation, message)`: an answer to a writing call that does not prove
+        what Director wrote (`director.uncertain_answers`)."""
         self._http = http
         self._url = url
         self._oauth = oauth
         self._limiter = limiter
+        self._on_uncertain = on_uncertain
 
     async def _execute(
         self,
@@ -116,10 +128,8 @@ class DirectorClient:
 
         async def attempt() -> dict[str, Any]:
             for second_try in (False, True):
-                try:
-                    token = await self._oauth.token()
-                except DirectorRetryable as exc:
-                    raise DirectorRetryable(str(exc), delivered=False) from exc
+                # A failing token endpoint raises before the request leaves: nothing written.
+                token = await self._oauth.token()
                 try:
                     async with self._http.stream(
                         "POST",
@@ -132,27 +142,35 @@ class DirectorClient:
                 except httpx.HTTPError as exc:
                     raise DirectorRetryable(
                         f"{operation}: {describe_transport_error(exc)}",
-                        delivered=not isinstance(exc, UNSENT),
+                        maybe_written=not isinstance(exc, UNSENT),
                     ) from exc
                 except BodyTooLarge as exc:
-                    # Sent and answered: Director may have acted, so it counts as delivered.
-                    raise DirectorRetryable(str(exc), delivered=True) from None
+                    # Sent and answered: Director may have acted.
+                    raise DirectorRetryable(str(exc), maybe_written=True) from None
                 if status == 401 and not second_try:
                     self._oauth.invalidate()  # revoked or expired early: fetch a new one once
                     continue
                 return self._parse(status, raw, operation)
             raise AssertionError("unreachable")
 
-        return await self._limiter.call(
-            attempt,
-            subject=subject,
-            follow_up=follow_up,
-            then=then,
-            caller_present=caller_present,
-        )
+        try:
+            return await self._limiter.call(
+                attempt,
+                subject=subject,
+                follow_up=follow_up,
+                then=then,
+                caller_present=caller_present,
+            )
+        except DirectorRetryable as exc:
+            if operation in WRITING_OPERATIONS and may_have_written(exc):
+                self._tell_uncertain(operation, str(exc))
+            raise
 
-    @staticmethod
-    def _parse(status: int, raw: bytes, operation: str) -> dict[str, Any]:
+    def _tell_uncertain(self, operation: str, message: str) -> None:
+        if self._on_uncertain is not None:
+            self._on_uncertain(operation, message)
+
+    def _parse(self, status: int, raw: bytes, operation: str) -> dict[str, Any]:
         body: Any = None
         try:
             body = json.loads(raw)
@@ -166,16 +184,27 @@ class DirectorClient:
         message = f"{operation}: HTTP {status}"
         if errors:
             message += ": " + "; ".join(e.message[:200] for e in errors[:3])
-        problem = classify(
-            status=status,
-            errors=[(e.code, e.message) for e in errors],
-            message=message,
-        )
+        found = [
+            AnswerError(e.code, e.message, depth=len(e.path) if e.path is not None else 0)
+            for e in errors
+        ]
+        data = body.get("data") if isinstance(body, dict) else None
+        if (
+            status == 200
+            and operation in WRITING_OPERATIONS
+            and committed(found)
+            and isinstance(data, dict)
+            and isinstance(data.get(operation), dict)
+        ):
+            # The mutation committed; a field resolved after it (in a transaction of its own)
+            # failed. Its result is the mutation's: the ID in it is what Director wrote.
+            self._tell_uncertain(operation, message)
+            return data
+        problem = classify(status=status, errors=found, message=message)
         if problem is not None:
             raise problem
-        if not isinstance(body, dict) or not isinstance(body.get("data"), dict):
-            raise DirectorRetryable(f"{operation}: answer without data")
-        data: dict[str, Any] = body["data"]
+        if not isinstance(data, dict):
+            raise DirectorRetryable(f"{operation}: answer without data", maybe_written=True)
         return data
 
     async def runtimes_by_label(

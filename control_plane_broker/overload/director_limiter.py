@@ -34,7 +34,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Literal, TypeVar
 
-from control_plane_broker.director.classification import DirectorFailed, DirectorRetryable
+from control_plane_broker.director.classification import DirectorInternal, DirectorRetryable
 from control_plane_broker.errors import (
     CallerGone,
     CapacityReserved,
@@ -246,11 +246,11 @@ class DirectorLimiter:
                 self._slots.release()
             verdict = "healthy"
             return result
+        except DirectorInternal:
+            verdict = "ambiguous"
+            raise
         except DirectorRetryable:
             verdict = "outage"
-            raise
-        except DirectorFailed:
-            verdict = "ambiguous"
             raise
         except (CompassUnavailable, CallerGone, CapacityReserved):
             # Our own queue timeout, breaker, a caller gone or late: no verdict on Director.

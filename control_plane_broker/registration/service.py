@@ -16,7 +16,12 @@ compass-manager's) unless nobody can have registered the runtime:
   restarted since did not see that;
 - a mapping that existed without a Compass ID (compass-manager creates its mapping before it
   registers; a broker that crashed or lost Director's answer leaves its claim) may have a
-  registration behind it: it is looked up before registering.
+  registration behind it: it is looked up before registering;
+- an answer to `registerRuntime` that does not prove nothing was written (Director's internal
+  error, which a failed `COMMIT` also gives; an answer lost; `classification.may_have_written`)
+  is treated as a lost one: the next attempt looks the runtime up first. A look-up that finds
+  nothing, under our claim, proves nothing is registered until our next call: the attempts
+  after it register without looking again, so each uncertain answer costs one look-up.
 
 The claim is renewed by its holder when it would expire before a Director call could end, so a
 slow Director never hands the claim to another replica in the middle of a registration.
@@ -42,7 +47,7 @@ from control_plane_broker.director.classification import (
     INVALID_OPERATION,
     DirectorPermanent,
     DirectorTenantUnknown,
-    may_have_reached_director,
+    may_have_written,
 )
 from control_plane_broker.director.graphql_client import DirectorApi
 from control_plane_broker.errors import (
@@ -361,6 +366,9 @@ class RegistrationService:
             found = await self.find(kyma, tenant)
             if found is not None:
                 return found.id, "found", labels_held(found, wanted=labels)
+            # Nothing registered, and only the claim holder (us) registers: until a call of
+            # ours may have written, the next attempt need not look again.
+            self._unregistered.add(kyma.name)
         spec = RuntimeRegisterInput(
             name=naming.derive_name(shoot_name=shoot, runtime_id=kyma.runtime_id),
             description=f"Kyma runtime {kyma.runtime_id}",
@@ -374,7 +382,7 @@ class RegistrationService:
                 raise
             raise refusal from exc
         except BaseException as exc:
-            if may_have_reached_director(exc):
+            if may_have_written(exc):
                 self._unregistered.discard(kyma.name)  # the next attempt must look it up
             raise
         log.info(

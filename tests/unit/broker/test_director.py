@@ -21,11 +21,12 @@ from prometheus_client import generate_latest
 from control_plane_broker.director import documents
 from control_plane_broker.director.answers import RuntimeRegisterInput
 from control_plane_broker.director.classification import (
-    DirectorFailed,
+    DirectorCredentialsRefused,
+    DirectorInternal,
     DirectorPermanent,
     DirectorRetryable,
     DirectorTenantUnknown,
-    may_have_reached_director,
+    may_have_written,
 )
 from control_plane_broker.director.graphql_client import MAX_PAGES, DirectorClient
 from control_plane_broker.director.oauth import OAuthTokenSource, refresh_at
@@ -160,7 +161,7 @@ def test_refresh_at() -> None:
         (httpx.Response(503), DirectorRetryable),
         (httpx.Response(429), DirectorRetryable),
         (httpx.ConnectError("boom"), DirectorRetryable),
-        (gql_error(10), DirectorFailed),
+        (gql_error(10), DirectorInternal),
         (gql_error(35), DirectorRetryable),
         (gql_error(22), DirectorPermanent),
         (gql_error(25), DirectorTenantUnknown),
@@ -626,13 +627,14 @@ async def test_malformed_answers_are_compass_rejected(operation: str, data: obje
     "errors",
     ["boom", {"message": "x"}, 5, [1, 2], [{"message": {"nested": True}}], [None]],
 )
-async def test_a_malformed_errors_list_is_compass_rejected(errors: object) -> None:
+async def test_a_malformed_errors_list_is_directors_failure(errors: object) -> None:
+    # It says nothing about the runtime: 503 compass-unavailable, never a refusal.
     fake, clock = FakeDirector(), Clock()
     client, _, http = make(fake, clock)
     fake.answers = [httpx.Response(200, json={"data": None, "errors": errors})]
-    with pytest.raises(DirectorPermanent, match="malformed GraphQL error") as info:
+    with pytest.raises(DirectorInternal, match="malformed GraphQL error") as info:
         await client.unregister_runtime(tenant="t", runtime_id="r")
-    assert info.value.status == 502
+    assert info.value.status == 503
     await http.aclose()
 
 
@@ -720,23 +722,77 @@ SPEC = RuntimeRegisterInput(name="rt", labels={})
 
 
 @pytest.mark.parametrize(
-    ("answer", "delivered"),
+    ("answer", "written"),
     [
         (httpx.ConnectError("refused"), False),  # no connection: nothing left
         (httpx.ReadTimeout("slow"), True),  # sent, answer lost: Director may have done it
-        (httpx.Response(503, text="down"), True),  # answered: it saw the request
+        (httpx.Response(503, text="down"), True),  # a 5xx may come after Director acted
+        (httpx.Response(429), False),  # the front door's limit, before Director
+        (gql_error(35), False),  # typed: returned before the commit, rolled back
+        # Code 10 on the mutation's field: a COMMIT broken off answers that too.
+        (gql_error(10), True),
     ],
 )
-async def test_a_failed_call_says_whether_it_may_have_reached_director(
-    answer: httpx.Response | Exception, delivered: bool
+async def test_a_failed_call_says_whether_it_may_have_written(
+    answer: httpx.Response | Exception, written: bool
 ) -> None:
     fake, clock = FakeDirector(), Clock()
+    uncertain: list[str] = []
     client, _, http = make(fake, clock)
+    client._on_uncertain = lambda operation, _message: uncertain.append(operation)
     fake.answers = [answer]
     with pytest.raises(DirectorRetryable) as info:
         await client.register_runtime(tenant="t", spec=SPEC)
-    assert info.value.delivered is delivered
-    assert may_have_reached_director(info.value) is delivered
+    assert info.value.maybe_written is written
+    assert may_have_written(info.value) is written
+    assert uncertain == (["registerRuntime"] if written else [])
+    await http.aclose()
+
+
+async def test_a_registration_committed_before_its_labels_failed_is_the_registration() -> None:
+    # Director resolves `labels` in a transaction of its own after registerRuntime committed;
+    # when that fails the answer carries the new runtime next to the field's error.
+    fake, clock = FakeDirector(), Clock()
+    uncertain: list[str] = []
+    client, _, http = make(fake, clock)
+    client._on_uncertain = lambda operation, _message: uncertain.append(operation)
+    error = {
+        "message": "Internal Server Error [errorID=e, reason: while committing transaction: "
+        "driver: bad connection]",
+        "path": ["registerRuntime", "labels"],
+        "extensions": {"error_code": 10, "error": "InternalError"},
+    }
+    runtime = {"id": "0b5e5d1c-1", "name": "rt", "labels": None}
+    fake.answers = [
+        httpx.Response(200, json={"data": {"registerRuntime": runtime}, "errors": [error]})
+    ]
+    registered = await client.register_runtime(tenant="t", spec=SPEC)
+    assert registered.id == "0b5e5d1c-1"
+    assert uncertain == ["registerRuntime"]
+    # The same partial answer to a read is not taken: its labels would look missing.
+    fake.answers = [
+        httpx.Response(
+            200,
+            json={
+                "data": {"runtime": runtime},
+                "errors": [{**error, "path": ["runtime", "labels"]}],
+            },
+        )
+    ]
+    with pytest.raises(DirectorInternal):
+        await client.runtime(tenant="t", runtime_id="0b5e5d1c-1")
+    assert uncertain == ["registerRuntime"]
+    await http.aclose()
+
+
+async def test_a_refused_bearer_is_the_brokers_credentials_not_the_runtimes() -> None:
+    fake, clock = FakeDirector(), Clock()
+    client, _, http = make(fake, clock)
+    fake.answers = [httpx.Response(401), httpx.Response(401)]
+    with pytest.raises(DirectorCredentialsRefused) as info:
+        await client.register_runtime(tenant="t", spec=SPEC)
+    assert info.value.maybe_written is False
+    assert fake.oauth_calls == 2  # a fresh access token was tried once
     await http.aclose()
 
 
@@ -746,15 +802,16 @@ async def test_no_access_token_means_nothing_was_sent() -> None:
     client, _, http = make(fake, clock)
     with pytest.raises(DirectorRetryable) as info:
         await client.register_runtime(tenant="t", spec=SPEC)
-    assert info.value.delivered is False
+    assert info.value.maybe_written is False
     assert fake.calls == []
     # The limiter's own refusals come before any call, too.
-    assert may_have_reached_director(CompassUnavailable("breaker open")) is False
-    # An error answer means Director rolled its transaction back: nothing was registered.
-    assert may_have_reached_director(DirectorPermanent("refused")) is False
-    assert may_have_reached_director(DirectorFailed("internal error")) is False
+    assert may_have_written(CompassUnavailable("breaker open")) is False
+    # A typed error answer is given before the commit: Director rolled everything back.
+    assert may_have_written(DirectorPermanent("refused")) is False
+    # Director's internal error may hide a COMMIT that happened.
+    assert may_have_written(DirectorInternal("internal error", maybe_written=True)) is True
     # Anything else (a bug, a cancellation) proves nothing.
-    assert may_have_reached_director(RuntimeError("bug")) is True
+    assert may_have_written(RuntimeError("bug")) is True
     await http.aclose()
 
 
@@ -779,7 +836,7 @@ async def test_an_oversized_director_answer_is_refused_unread() -> None:
     fake.answers = [httpx.Response(200, stream=huge)]
     with pytest.raises(DirectorRetryable, match="exceeds") as caught:
         await client.register_runtime(tenant="t", spec=RuntimeRegisterInput(name="n"))
-    assert caught.value.delivered
+    assert caught.value.maybe_written
     assert huge.served <= 8 << 20
     await http.aclose()
 

@@ -13,7 +13,7 @@ import pytest
 
 from control_plane_broker.director.answers import OneTimeToken
 from control_plane_broker.director.classification import (
-    DirectorFailed,
+    DirectorInternal,
     DirectorPermanent,
     DirectorRetryable,
 )
@@ -441,11 +441,26 @@ async def test_a_runtime_gone_from_director_is_forgotten_and_registered_again_on
 async def test_a_refused_token_for_a_runtime_that_exists_is_not_a_lost_runtime() -> None:
     w = world()
     w.recorder.known = Registered("live-id", "ga", "adopted")
-    w.recorder.token_error = DirectorFailed("requestOneTimeTokenForRuntime: Internal Server Error")
-    with pytest.raises(DirectorFailed):
+    w.recorder.token_error = DirectorPermanent("requestOneTimeTokenForRuntime: refused", code=27)
+    with pytest.raises(DirectorPermanent):
         await w.issuer.issue("rt-1", HEADERS)
     assert "runtime live-id" in w.recorder.asked
     assert not any(a.startswith(("forget", "register")) for a in w.recorder.asked)
+    assert w.recorder.statuses[-1][0] == "failed"
+
+
+async def test_directors_internal_error_on_a_token_is_compass_failing_not_a_lost_runtime() -> None:
+    # Its database gone, Director answers code 10: asking whether the runtime is gone would
+    # only fail the same way, and the answer is 503 compass-unavailable, not a refusal.
+    w = world()
+    w.recorder.known = Registered("live-id", "ga", "adopted")
+    w.recorder.token_error = DirectorInternal(
+        "requestOneTimeTokenForRuntime: Internal Server Error [errorID=e]", maybe_written=True
+    )
+    with pytest.raises(DirectorInternal) as caught:
+        await w.issuer.issue("rt-1", HEADERS)
+    assert isinstance(caught.value, CompassUnavailable)
+    assert not any(a.startswith(("runtime", "forget", "register")) for a in w.recorder.asked)
     assert w.recorder.statuses[-1][0] == "failed"
 
 
