@@ -43,6 +43,20 @@ class Metrics:
             "Unix time the Director breaker last opened (0: never).",
             registry=r,
         )
+        # The broker's own credentials refused is Compass unavailable to every runtime at once.
+        self.credentials_refused = Counter(
+            "broker_director_credentials_refused_total",
+            "Answers of Director's OAuth token endpoint refusing the broker's credentials "
+            "(HTTP 400, 401, 403).",
+            registry=r,
+        )
+        self.credentials_ok = Gauge(
+            "broker_director_credentials_ok",
+            "0 from a refusal of the broker's credentials by Director's OAuth token endpoint "
+            "until it issues a token again; 1 otherwise (also before the first token).",
+            registry=r,
+        )
+        self.credentials_ok.set(1)
         self.registrations = Counter(
             "broker_registrations_total",
             "Registration outcomes (registered, found, adopted).",
@@ -148,6 +162,12 @@ class Metrics:
         changes only when a call arrives, and a gauge set then stayed 1 long after the open
         period ended when no call came."""
         self.breaker_state.set_function(lambda: 1.0 if refusing() else 0.0)
+
+    def on_credentials_verdict(self, accepted: bool) -> None:
+        """Director's OAuth token endpoint issued a token (True) or refused the credentials."""
+        if not accepted:
+            self.credentials_refused.inc()
+        self.credentials_ok.set(1 if accepted else 0)
 
     def on_breaker_state(self, state: str) -> None:
         if state == "open":

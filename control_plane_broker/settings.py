@@ -34,7 +34,10 @@ class Settings(BaseSettings):
     director_credentials_file: Path | None = Field(
         default=None,
         description="File in compass-manager's format `data: {client_id, client_secret, "
-        "tokens_endpoint}` (YAML or JSON).",
+        "tokens_endpoint}` (YAML or JSON). Read again when it changes (looked at every 5 s, and "
+        "at once after the token endpoint refused the credentials), so a rotated Secret needs "
+        "no restart; a file that became unreadable or invalid keeps the last good credentials "
+        "in force (one ERROR line).",
     )
     director_timeout_seconds: float = Field(
         default=10.0, description="Timeout of one Director call."

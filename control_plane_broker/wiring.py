@@ -40,7 +40,7 @@ from control_plane_broker.backoff import watch_backoff
 from control_plane_broker.connections.report_rules import fleet
 from control_plane_broker.connections.report_service import ConnectionReporter
 from control_plane_broker.director.graphql_client import DirectorClient
-from control_plane_broker.director.oauth import OAuthTokenSource
+from control_plane_broker.director.oauth import CredentialsFile, OAuthTokenSource
 from control_plane_broker.director.uncertain_answers import UncertainAnswers
 from control_plane_broker.enrolment.enrolment_service import EnrolmentVerifier
 from control_plane_broker.errors import FirstContactsBusy
@@ -64,7 +64,7 @@ from control_plane_broker.registration.service import Hook, RegistrationService
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.revocation.deny_list_file import DenyListFile
 from control_plane_broker.revocation.revocation_gate import RevocationGate
-from control_plane_broker.settings import DirectorCredentials, Settings, load_director_credentials
+from control_plane_broker.settings import CredentialsInvalid, DirectorCredentials, Settings
 from control_plane_broker.supervisor import LoopWatch, Supervisor
 from kubeapi import ClusterAccess, EventRecorder, Informer, KubeClient, LeaderElector
 
@@ -89,7 +89,7 @@ async def run(
     metrics = Metrics()
     async with AsyncExitStack() as stack:
         kcp = control_plane(settings, kcp_access, stack=stack, me=me, metrics=metrics)
-        director, director_limiter = director_side(
+        director, director_limiter, oauth = director_side(
             settings, credentials, stack=stack, metrics=metrics
         )
         registration = RegistrationService(
@@ -127,7 +127,9 @@ async def run(
             metrics=metrics,
         )
         health = Health(
-            ready=readiness(settings, supervisor, kcp, metrics), live=loop_watch.healthy
+            ready=readiness(settings, supervisor, kcp, metrics),
+            live=loop_watch.healthy,
+            degraded=degraded(oauth),
         )
         front = with_first_contact_limit(
             settings,
@@ -149,10 +151,15 @@ async def run(
 # --- the parts, in the order `run` builds them -------------------------------------------------
 
 
-def director_credentials(settings: Settings) -> DirectorCredentials:
+def director_credentials(settings: Settings) -> CredentialsFile:
+    """The credentials file, read now and again whenever it changes (a rotated Secret needs no
+    restart)."""
     if not settings.director_url or settings.director_credentials_file is None:
         raise SystemExit("BROKER_DIRECTOR_URL and BROKER_DIRECTOR_CREDENTIALS_FILE are required")
-    return load_director_credentials(settings.director_credentials_file)
+    try:
+        return CredentialsFile(settings.director_credentials_file, clock=mono)
+    except (OSError, CredentialsInvalid) as exc:
+        raise SystemExit(f"BROKER_DIRECTOR_CREDENTIALS_FILE: {exc}") from None
 
 
 def replica_identity() -> str:
@@ -237,12 +244,13 @@ def control_plane(
 
 def director_side(
     settings: Settings,
-    credentials: DirectorCredentials,
+    credentials: DirectorCredentials | CredentialsFile,
     *,
     stack: AsyncExitStack,
     metrics: Metrics,
-) -> tuple[DirectorClient, DirectorLimiter]:
-    """Director's client behind its limiter, with an HTTP client each for Director and OAuth."""
+) -> tuple[DirectorClient, DirectorLimiter, OAuthTokenSource]:
+    """Director's client behind its limiter, with an HTTP client each for Director and OAuth;
+    the token source too, which knows whether the broker's credentials are refused."""
     c = settings.director_max_concurrency
     director_http = httpx.AsyncClient(
         timeout=httpx.Timeout(settings.director_timeout_seconds),
@@ -268,7 +276,13 @@ def director_side(
     )
     metrics.watch_director(director_limiter.snapshot)
     metrics.watch_breaker(director_limiter.refusing)
-    oauth = OAuthTokenSource(oauth_http, credentials, scope=settings.director_scope, clock=mono)
+    oauth = OAuthTokenSource(
+        oauth_http,
+        credentials,
+        scope=settings.director_scope,
+        clock=mono,
+        on_verdict=metrics.on_credentials_verdict,
+    )
     # Director calls share the main loop: a loop in a thread of its own made admitted requests
     # outlast the agents' 30 s timeout at N = 5,000 (the two threads contend for the interpreter).
     uncertain = UncertainAnswers(
@@ -281,7 +295,7 @@ def director_side(
         limiter=director_limiter,
         on_uncertain=uncertain.record,
     )
-    return director, director_limiter
+    return director, director_limiter, oauth
 
 
 def identity(
@@ -485,6 +499,17 @@ def readiness(
         return not problems, problems
 
     return ready
+
+
+def degraded(oauth: OAuthTokenSource) -> Callable[[], list[str]]:
+    """What /readyz reports without failing readiness (`api.app.Health`): the broker's
+    credentials refused by Director's OAuth token endpoint."""
+
+    def report() -> list[str]:
+        refusal = oauth.refusal()
+        return [] if refusal is None else [refusal]
+
+    return report
 
 
 def cache_fresh(informer: Informer[KymaView] | Informer[Mapping], bound: float) -> bool:

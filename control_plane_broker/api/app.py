@@ -214,10 +214,37 @@ def _problem_responses(
     return out
 
 
+def _nothing_degraded() -> list[str]:
+    return []
+
+
 @dataclass(frozen=True)
 class Health:
+    """What the probes answer.
+
+    `ready`: whether this replica should get traffic, and what keeps it from it (/readyz 503).
+    `degraded`: what fails for every replica alike but leaves this one worth its traffic; /readyz
+    names it and stays 200. Director's OAuth token endpoint refusing the broker's credentials is
+    such a thing, so it is reported here and does not fail readiness, for three reasons:
+
+    - Readiness decides traffic (docs/operations.md: a replica not ready gets none). Every
+      replica reads the same credentials Secret, so a refusal would take every replica out of
+      the Service at once: the whole fleet turned away, its connection reports (no Director
+      call) and identity answers lost, and the agents told nothing (no 503 with Retry-After, no
+      problem type) instead of 503 `compass-unavailable` with Retry-After, which they handle.
+    - A replica out of the Service gets no token request, so it would not ask the token
+      endpoint again and would never see the credentials fixed.
+    - It cannot stop a rollout with bad credentials anyway: the broker contacts nothing before
+      serving, so a new replica learns of a refusal only from the first token request it gets.
+      `compass-broker --check-config` is the check a rollout runs for that.
+
+    The refusal is visible instead in the ERROR log line, `broker_director_credentials_ok` (0)
+    and the /readyz body.
+    """
+
     ready: Callable[[], tuple[bool, list[str]]]  # (ready, what is missing)
     live: Callable[[], bool]  # False once the event loop was wedged
+    degraded: Callable[[], list[str]] = _nothing_degraded
 
 
 def _still_connected(request: Request) -> Callable[[], Awaitable[bool]]:
@@ -416,11 +443,20 @@ def add_operations_routes(app: FastAPI, *, health: Health, metrics: Metrics) -> 
         ok = health.live()
         return JSONResponse({"status": "ok" if ok else "wedged"}, status_code=200 if ok else 503)
 
-    @app.get("/readyz", summary="Readiness: caches synced and fresh, background tasks running")
+    @app.get(
+        "/readyz",
+        summary="Readiness: caches synced and fresh, background tasks running; also names what "
+        "fails for every replica alike without failing readiness (`degraded`: Director's OAuth "
+        "token endpoint refusing the broker's credentials)",
+    )
     async def readyz() -> JSONResponse:
         ok, problems = health.ready()
         return JSONResponse(
-            {"status": "ready" if ok else "not ready", "problems": problems},
+            {
+                "status": "ready" if ok else "not ready",
+                "problems": problems,
+                "degraded": health.degraded(),
+            },
             status_code=200 if ok else 503,
         )
 

@@ -66,6 +66,7 @@ class World:
     cache: Cache
     touched: list[str]
     live: list[bool] = field(default_factory=lambda: [True])
+    degraded: list[str] = field(default_factory=list)
 
 
 def issuer_with(cache: Any, touched: list[str], **given: Any) -> TokenIssuer:
@@ -101,6 +102,7 @@ async def world() -> AsyncIterator[World]:
     touched: list[str] = []
     cache = Cache(touched)
     live = [True]
+    degraded: list[str] = []
 
     def ready() -> tuple[bool, list[str]]:
         return cache.synced, [] if cache.synced else ["kymas not synced"]
@@ -109,13 +111,13 @@ async def world() -> AsyncIterator[World]:
         issuer=issuer_with(cache, touched),
         reporter=reporter_with(cache, touched),
         metrics=Metrics(),
-        health=Health(ready=ready, live=lambda: live[0]),
+        health=Health(ready=ready, live=lambda: live[0], degraded=lambda: list(degraded)),
         jitter_max=2,
         rand=lambda: 0.5,
     )
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as client:
-        yield World(client, cache, touched, live)
+        yield World(client, cache, touched, live, degraded)
 
 
 def kind(response: httpx.Response) -> str:
@@ -127,7 +129,7 @@ async def test_readyz_and_token_wait_for_the_cache(world: World) -> None:
     client, cache, touched = world.client, world.cache, world.touched
     r = await client.get("/readyz")
     assert r.status_code == 503
-    assert r.json() == {"status": "not ready", "problems": ["kymas not synced"]}
+    assert r.json() == {"status": "not ready", "problems": ["kymas not synced"], "degraded": []}
     r = await client.post("/v1/runtimes/rt-1/token", headers={"Authorization": "Bearer x"})
     assert (r.status_code, kind(r)) == (503, "not-ready")
     assert r.headers["Retry-After"] == "3"  # 2 s + half of the 2 s jitter
@@ -135,7 +137,17 @@ async def test_readyz_and_token_wait_for_the_cache(world: World) -> None:
     cache.synced = True
     r = await client.get("/readyz")
     assert r.status_code == 200
-    assert r.json() == {"status": "ready", "problems": []}
+    assert r.json() == {"status": "ready", "problems": [], "degraded": []}
+    world.degraded.append("Director's OAuth token endpoint refuses the broker's credentials")
+    r = await client.get("/readyz")
+    # Reported, never failing readiness: every replica shares the credentials, and a Service
+    # without ready replicas would turn the whole fleet away (api.app.Health).
+    assert r.status_code == 200
+    assert r.json() == {
+        "status": "ready",
+        "problems": [],
+        "degraded": ["Director's OAuth token endpoint refuses the broker's credentials"],
+    }
 
 
 async def test_healthz_fails_once_the_loop_was_wedged(world: World) -> None:
