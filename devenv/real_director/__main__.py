@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The gateway's admin API: GET/DELETE <gateway>/_gateway/calls (Director calls "
         'per operation), PUT <gateway>/_gateway/faults {"operation": "registerRuntime", '
         '"ratio": 0.3, "count": null, "mode": "504"|"drop"} (lose answers after Director '
-        "acted), DELETE <gateway>/_gateway/faults. Source: COMPASS_SRC, else "
+        "acted), DELETE <gateway>/_gateway/faults; PUT/DELETE <gateway>/_gateway/credentials "
+        '{"status": 401} (refuse the client credentials, revoking its tokens) and '
+        '<gateway>/_gateway/latency {"min": 0.1, "max": 0.5} (a slow Director). Source: '
+        "COMPASS_SRC, else "
         "../shared/compass-src/ (exit 3 when absent).",
     )
     parser.add_argument(

@@ -14,14 +14,24 @@ verifies against a JWKS. This gateway does the same in one process:
   for the one-time tokens Director issued (see "The Connector" below).
 - on a port of its own, when started (`start_certificate_secured`): the certificate-secured
   Connector and Director a runtime uses with its client certificate (`CertificateSecuredGateway`).
-- `/_gateway/calls` (GET, DELETE), `/_gateway/faults` (GET, PUT, DELETE) and `/_gateway/down`
-  (PUT, DELETE): counters and fault injection for a stack run as a separate process
-  (`python -m devenv.real_director`).
+- `/_gateway/calls` (GET, DELETE), `/_gateway/faults` (GET, PUT, DELETE), `/_gateway/down`,
+  `/_gateway/credentials` and `/_gateway/latency` (PUT, DELETE): counters and fault injection
+  for a stack run as a separate process (`python -m devenv.real_director`).
 
 A lost answer is produced *after* Director answered, so Director has acted and committed: the
 caller then gets what Compass's Istio ingress (Envoy) sends when its upstream times out,
 `504` with the body `upstream request timeout`, or, in mode `drop`, a connection closed without
 an answer (a load balancer or proxy restarting mid-request).
+
+Credentials refused (`refuse_credentials`): the token endpoint answers `401
+{"error": "invalid_client"}` (or another 4xx) to the client's credentials, as Hydra does for a
+client whose secret was rotated or which was deleted, and every access token issued before is
+revoked, so Director's front door answers them 401 as Oathkeeper does for an unknown bearer.
+`accept_credentials` lets the same credentials in again (a rotated secret put back); revoked
+tokens stay revoked.
+
+A slow Director (`set_latency`): each call of `/director/graphql` waits a uniform random time in
+a range before it is passed on.
 
 Compass down (`set_down`): every route but the admin API answers as an unavailable Compass does:
 `503` with Envoy's body `no healthy upstream` (mode `503`), connections closed without an answer
@@ -412,6 +422,8 @@ class Gateway:
         self._tenant_calls: dict[str, Counter[str]] = {}  # external tenant -> calls per field
         self._lost: Counter[str] = Counter()
         self._down: DownMode | None = None
+        self._refusing: int | None = None  # the token endpoint's status while refusing
+        self._latency: tuple[float, float] | None = None  # seconds before a call goes on
         self.director_url = ""  # Director's GraphQL endpoint, set before serving
         # URLs `configuration` hands out for certificate-secured calls (none: null).
         self.certificate_secured: ConnectorUrls | None = None
@@ -508,6 +520,46 @@ class Gateway:
         with self._lock:
             return self._down
 
+    def refuse_credentials(self, status: int = 401) -> None:
+        """The token endpoint refuses the client's credentials with `status` and
+        `{"error": "invalid_client"}`, and every access token issued so far is revoked (Director's
+        front door answers it 401), until `accept_credentials()`."""
+        if not 400 <= status < 500:
+            raise ValueError(f"a refusal is a 4xx status, not {status}")
+        with self._lock:
+            self._refusing = status
+            self._tokens.clear()
+            self._jwts.clear()
+
+    def accept_credentials(self) -> None:
+        """The same credentials get tokens again; tokens revoked meanwhile stay revoked."""
+        with self._lock:
+            self._refusing = None
+
+    @property
+    def refusing_credentials(self) -> int | None:
+        with self._lock:
+            return self._refusing
+
+    def set_latency(self, seconds_min: float | None, seconds_max: float | None = None) -> None:
+        """Each `/director/graphql` call waits a uniform random time within
+        [`seconds_min`, `seconds_max`] (`seconds_max` None: exactly `seconds_min`) before it is
+        passed on to Director; `set_latency(None)` clears it."""
+        if seconds_min is None:
+            latency = None
+        else:
+            high = seconds_min if seconds_max is None else seconds_max
+            if not 0 <= seconds_min <= high:
+                raise ValueError(f"latency wants 0 <= min <= max, not {seconds_min}..{high}")
+            latency = (float(seconds_min), float(high))
+        with self._lock:
+            self._latency = latency
+
+    @property
+    def latency(self) -> tuple[float, float] | None:
+        with self._lock:
+            return self._latency
+
     def listening(self) -> bool:
         """Whether a connection to the gateway's port is accepted."""
         if self._port is None:
@@ -557,10 +609,20 @@ class Gateway:
             side.stop()
 
     def issue_token(self, scopes: tuple[str, ...] | None = None) -> str:
-        """An access token as `/oauth2/token` would issue it, without the HTTP round trip."""
+        """An access token as `/oauth2/token` would issue it, without the HTTP round trip
+        (also while the credentials are refused: a test's own bearer)."""
+        token = self._issue(scopes, unless_refusing=False)
+        assert token is not None
+        return token
+
+    def _issue(self, scopes: tuple[str, ...] | None, *, unless_refusing: bool) -> str | None:
         chosen = tuple(sorted(scopes if scopes is not None else self._scopes))
         token = secrets.token_urlsafe(32)
         with self._lock:
+            # Checked under the lock that `refuse_credentials` revokes under: no token issued
+            # after a refusal began outlives it.
+            if unless_refusing and self._refusing is not None:
+                return None
             self._tokens[token] = _Token(self.client_id, chosen, time.time() + ACCESS_TOKEN_TTL)
         return token
 
@@ -676,14 +738,16 @@ class Gateway:
         client_id, secret = _basic_auth(headers.get("authorization", ""))
         client_id = client_id or form.get("client_id")
         secret = secret or form.get("client_secret")
+        refusing = self.refusing_credentials
         if (
             client_id != self.client_id
             or secret is None
             or not secrets.compare_digest(secret, self._client_secret)
+            or refusing is not None
         ):
             await _respond(
                 send,
-                401,
+                refusing or 401,
                 {"error": "invalid_client", "error_description": "Client authentication failed"},
             )
             return
@@ -703,7 +767,14 @@ class Gateway:
             )
             return
         scopes = tuple(asked) if asked else tuple(sorted(self._scopes))
-        token = self.issue_token(scopes)
+        token = self._issue(scopes, unless_refusing=True)
+        if token is None:
+            await _respond(
+                send,
+                self.refusing_credentials or 401,
+                {"error": "invalid_client", "error_description": "Client authentication failed"},
+            )
+            return
         await _respond(
             send,
             200,
@@ -847,6 +918,9 @@ class Gateway:
             "authorization": f"Bearer {self._jwt_for(token, bearer, tenant)}",
             "content-type": headers.get("content-type", "application/json"),
         }
+        latency = self.latency
+        if latency is not None:
+            await asyncio.sleep(self._rng.uniform(*latency))
         assert self._client is not None
         try:
             upstream = await self._client.post(self.director_url, content=body, headers=forward)
@@ -900,6 +974,35 @@ class Gateway:
             await _respond(send, 200, {"down": mode})
         elif path == "/down" and method == "DELETE":
             self.clear_down()
+            await _respond(send, 204, b"")
+        elif path == "/credentials" and method == "PUT":
+            try:
+                self.refuse_credentials(int((json.loads(body or b"{}") or {}).get("status", 401)))
+            except (ValueError, TypeError, AttributeError) as exc:
+                await _respond(
+                    send,
+                    400,
+                    {"error": f"bad refusal: {exc!r}; expected a JSON object with status"},
+                )
+                return
+            await _respond(send, 200, {"refusing": self.refusing_credentials})
+        elif path == "/credentials" and method == "DELETE":
+            self.accept_credentials()
+            await _respond(send, 204, b"")
+        elif path == "/latency" and method == "PUT":
+            try:
+                doc = json.loads(body)
+                self.set_latency(float(doc["min"]), float(doc.get("max", doc["min"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                await _respond(
+                    send,
+                    400,
+                    {"error": f"bad latency: {exc!r}; expected a JSON object with min, max"},
+                )
+                return
+            await _respond(send, 200, {"latency": self.latency})
+        elif path == "/latency" and method == "DELETE":
+            self.set_latency(None)
             await _respond(send, 204, b"")
         elif path == "/faults" and method == "PUT":
             try:

@@ -54,6 +54,10 @@ CREATE OR REPLACE FUNCTION public.uuid_generate_v4() RETURNS uuid
     LANGUAGE sql VOLATILE AS 'SELECT gen_random_uuid()';
 """
 _MIGRATION_FILE = re.compile(r"^(\d+)_.+\.up\.sql$")
+# psql sessions of the harness itself (tests' judge queries, tenants, the gateway's Connector)
+# carry this application name, so `terminate_sessions` can spare them: they are instruments of
+# the test, not part of the system under it.
+HARNESS_APPLICATION = "real-director-harness"
 
 
 class PostgresError(RuntimeError):
@@ -214,6 +218,7 @@ class Postgres:
     data_dir: Path
     port: int
     log_path: Path
+    owner: tuple[int, int] | None = None  # (uid, gid) the server runs as; None: as we do
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _remove_data_dir: bool = field(default=True, repr=False)
 
@@ -269,7 +274,7 @@ class Postgres:
             text=True,
             check=False,
             timeout=timeout,
-            env={**os.environ, "PGCONNECT_TIMEOUT": "5"},
+            env={**os.environ, "PGCONNECT_TIMEOUT": "5", "PGAPPNAME": HARNESS_APPLICATION},
         )
         if result.returncode != 0:
             raise PostgresError(f"psql failed ({result.returncode}): {result.stderr.strip()}")
@@ -281,6 +286,50 @@ class Postgres:
         # psql ends its output with a newline even with its own record separator.
         out = out.removesuffix("\n")
         return [tuple(record.split(_FIELD_SEP)) for record in out.split(_RECORD_SEP) if record]
+
+    def terminate_sessions(self, database: str = DATABASE) -> int:
+        """Ends every session on `database` but this one and the harness's own (what a
+        failover or a restarted pooler does to a client); returns how many were ended."""
+        rows = self.query(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = :'db' AND pid <> pg_backend_pid() "
+            "AND application_name IS DISTINCT FROM :'harness'",
+            {"db": database, "harness": HARNESS_APPLICATION},
+        )
+        return int(rows[0][0]) if rows else 0
+
+    def shut_down(self, timeout: float = 30.0) -> None:
+        """A fast shutdown (`pg_ctl stop -m fast`, as the user the server runs as): clients are
+        cut off; the data directory and the port stay for `start_again`."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise PostgresError("the server is not running")
+        result = _run_as(
+            [
+                str(server_bin_dir(self.owner) / "pg_ctl"),
+                "stop",
+                "-D",
+                str(self.data_dir),
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                str(int(timeout)),
+            ],
+            self.owner,
+            cwd="/",
+            timeout=timeout + 10,
+        )
+        if result.returncode != 0:
+            raise PostgresError(f"pg_ctl stop failed ({result.returncode}): {result.stderr}")
+        proc.wait(timeout=timeout)  # the postmaster is our child: reap it
+
+    def start_again(self) -> None:
+        """Starts the server `shut_down` stopped, on the same data directory and port."""
+        if self.running:
+            raise PostgresError("the server is running")
+        self._proc = _spawn_server(self.data_dir, self.port, self.log_path, self.owner)
+        _wait_ready(self, self._proc)
 
     def stop(self, timeout: float = 15.0) -> None:
         proc, self._proc = self._proc, None
@@ -299,11 +348,25 @@ class Postgres:
 
 def _start_server(data_dir: Path, log_path: Path, owner: tuple[int, int] | None) -> Postgres:
     port = _free_port()
+    proc = _spawn_server(data_dir, port, log_path, owner, fresh_log=True)
+    server = Postgres(data_dir=data_dir, port=port, log_path=log_path, owner=owner, _proc=proc)
+    _wait_ready(server, proc)
+    return server
+
+
+def _spawn_server(
+    data_dir: Path,
+    port: int,
+    log_path: Path,
+    owner: tuple[int, int] | None,
+    *,
+    fresh_log: bool = False,
+) -> subprocess.Popen[bytes]:
     user_kwargs: dict[str, object] = {}
     if owner is not None:
         user_kwargs = {"user": owner[0], "group": owner[1], "extra_groups": []}
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(  # type: ignore[call-overload]
+    with log_path.open("wb" if fresh_log else "ab") as log:
+        proc: subprocess.Popen[bytes] = subprocess.Popen(  # type: ignore[call-overload]
             [
                 str(server_bin_dir(owner) / "postgres"),
                 "-D",
@@ -331,24 +394,30 @@ def _start_server(data_dir: Path, log_path: Path, owner: tuple[int, int] | None)
             start_new_session=True,  # a Ctrl-C for the caller must not stop it before its turn
             **user_kwargs,
         )
-    server = Postgres(data_dir=data_dir, port=port, log_path=log_path, _proc=proc)
+    return proc
+
+
+def _wait_ready(server: Postgres, proc: subprocess.Popen[bytes]) -> None:
+    """Returns once the server accepts connections; stops it and raises when it cannot."""
     deadline = time.monotonic() + _STARTUP_TIMEOUT
     while True:
         if proc.poll() is not None:
             server.stop()
             raise PostgresError(
-                f"postgres exited with {proc.returncode}:\n{_tail(log_path)}\n"
+                f"postgres exited with {proc.returncode}:\n{_tail(server.log_path)}\n"
                 "(as root the server runs as 'nobody', from a folder it can reach)"
             )
         ready = subprocess.run(
-            [str(bin_dir() / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port)],
+            [str(bin_dir() / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(server.port)],
             check=False,
         )
         if ready.returncode == 0:
-            return server
+            return
         if time.monotonic() > deadline:
             server.stop()
-            raise PostgresError(f"postgres not ready after {_STARTUP_TIMEOUT}s:\n{_tail(log_path)}")
+            raise PostgresError(
+                f"postgres not ready after {_STARTUP_TIMEOUT}s:\n{_tail(server.log_path)}"
+            )
         time.sleep(0.1)
 
 

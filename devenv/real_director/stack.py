@@ -24,7 +24,7 @@ import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -34,6 +34,7 @@ import yaml
 from devenv.clusters import Binaries, TestCluster, find_binaries, start_cluster
 
 from . import affinity, postgres
+from .db_faults import SessionCutter
 from .director import DirectorConfig, DirectorProcess, start_director
 from .gateway import (
     CONNECTOR_PATH,
@@ -126,6 +127,8 @@ class RealCompass:
         self.cluster: TestCluster | None = None
         self._own_cluster = False
         self._gateway: Gateway | None = None
+        self._database_stopped = False  # on purpose (`stop_database`), not died
+        self._cutters: list[SessionCutter] = []
 
     # -- what clients need -----------------------------------------------------------------
 
@@ -229,6 +232,43 @@ class RealCompass:
             )
         return internal
 
+    def add_tenants(self, subaccounts: Mapping[str, str]) -> None:
+        """Many subaccounts (external ID -> its global account's) and their global accounts at
+        once, in one psql run, as the tenant fetcher would sync them: for fleets, where
+        `add_subaccount` one by one costs seconds. Tenants that exist are left as they are."""
+        if not subaccounts:
+            return
+        rows = self._db().query(
+            "WITH pairs AS (SELECT s, g FROM unnest(string_to_array(:'subs', ','), "
+            "string_to_array(:'parents', ',')) AS x(s, g)), "
+            "accounts AS (INSERT INTO business_tenant_mappings "
+            "(id, external_name, external_tenant, provider_name, type, status) "
+            "SELECT gen_random_uuid(), g, g, :'provider', 'account', 'Active' "
+            "FROM (SELECT DISTINCT g FROM pairs) d WHERE NOT EXISTS (SELECT 1 FROM "
+            "business_tenant_mappings t WHERE t.external_tenant = d.g) "
+            "RETURNING id, external_tenant), "
+            "every_account AS (SELECT id, external_tenant FROM accounts UNION ALL "
+            "SELECT t.id, t.external_tenant FROM business_tenant_mappings t "
+            "WHERE t.external_tenant IN (SELECT g FROM pairs)), "
+            "subs AS (INSERT INTO business_tenant_mappings "
+            "(id, external_name, external_tenant, provider_name, type, status) "
+            "SELECT gen_random_uuid(), s, s, :'provider', 'subaccount', 'Active' "
+            "FROM pairs WHERE NOT EXISTS (SELECT 1 FROM business_tenant_mappings t "
+            "WHERE t.external_tenant = pairs.s) RETURNING id, external_tenant), "
+            "parents AS (INSERT INTO tenant_parents (tenant_id, parent_id) "
+            "SELECT subs.id, a.id FROM subs JOIN pairs ON pairs.s = subs.external_tenant "
+            "JOIN every_account a ON a.external_tenant = pairs.g ON CONFLICT DO NOTHING) "
+            "SELECT external_tenant, id FROM every_account UNION ALL "
+            "SELECT external_tenant, id FROM subs",
+            {
+                "subs": ",".join(subaccounts),
+                "parents": ",".join(subaccounts.values()),
+                "provider": PROVIDER,
+            },
+        )
+        for external, internal in rows:
+            self.gateway.remember_tenant(external, internal)
+
     # -- Director's database: the judge ----------------------------------------------------
 
     def query(self, sql: str, **params: str) -> list[tuple[str, ...]]:
@@ -301,6 +341,53 @@ class RealCompass:
     def listening(self) -> bool:
         return self.gateway.listening()
 
+    def refuse_credentials(self, status: int = 401) -> None:
+        """The token endpoint refuses the client's credentials (`status`, `invalid_client`) and
+        every access token issued so far is revoked (Director's front door answers it 401),
+        until `accept_credentials()`: a rotated or deleted client secret."""
+        self.gateway.refuse_credentials(status)
+
+    def accept_credentials(self) -> None:
+        """The same credentials get tokens again (a rotated secret put back)."""
+        self.gateway.accept_credentials()
+
+    def set_latency(self, seconds_min: float | None, seconds_max: float | None = None) -> None:
+        """A slow Director: each GraphQL call waits a uniform random time in
+        [`seconds_min`, `seconds_max`] before the gateway passes it on; None clears it."""
+        self.gateway.set_latency(seconds_min, seconds_max)
+
+    # -- faults of Director's database -----------------------------------------------------
+
+    def stop_database(self) -> None:
+        """Stops PostgreSQL (a fast shutdown: sessions cut off) and leaves Director running;
+        `start_database()` starts it again on the same data and port."""
+        self._db().shut_down()
+        self._database_stopped = True
+
+    def start_database(self) -> None:
+        """Starts PostgreSQL again after `stop_database()`; Director's pool reconnects by
+        itself on its next statements."""
+        self._db().start_again()
+        self._database_stopped = False
+
+    @contextlib.contextmanager
+    def database_stopped(self) -> Iterator[None]:
+        """PostgreSQL stopped for the `with` block, started again when it ends (also on an
+        error)."""
+        self.stop_database()
+        try:
+            yield
+        finally:
+            self.start_database()
+
+    def cut_sessions(self, *, every: float = 0.5, for_seconds: float = 20.0) -> SessionCutter:
+        """Starts ending Director's database sessions every `every` seconds for `for_seconds`
+        (a failover, a restarted pooler), from a thread; returns it, started: `wait()` for it
+        to end, `stop()` it early. `stop()` of the stack stops it too."""
+        cutter = SessionCutter(self._db(), every=every, for_seconds=for_seconds)
+        self._cutters = [c for c in self._cutters if c.running] + [cutter]
+        return cutter.start()
+
     def start_certificate_secured(self) -> str:
         """Serves the certificate-secured Connector and Director (mutual TLS with the
         certificates the gateway's Connector issues), whose URLs `configuration` then hands
@@ -346,7 +433,7 @@ class RealCompass:
             and self.director_process is not None
             and self.director_process.running
             and self.database is not None
-            and self.database.running
+            and (self.database.running or self._database_stopped)
         )
 
     def pids(self) -> dict[str, int]:
@@ -365,6 +452,7 @@ class RealCompass:
         """Stops what was started, callers first: gateway, Director, database, cluster."""
         errors: list[BaseException] = []
         steps = [
+            *(cutter.stop for cutter in self._cutters),
             lambda: self._gateway.stop_certificate_secured() if self._gateway is not None else None,
             lambda: self._gateway.stop() if self._gateway is not None else None,
             lambda: self.director_process.stop() if self.director_process is not None else None,

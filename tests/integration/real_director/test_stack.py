@@ -13,6 +13,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from control_plane_broker.settings import load_director_credentials
 from devenv.real_director import RealCompass
 from devenv.runtime_agent_sim import ExchangeError, exchange_token
 from tests.conftest import REPO_ROOT
+from tests.integration.broker.conftest import wait_for
 
 # The first use builds Director when `make real-compass` has not (minutes on a cold cache).
 pytestmark = pytest.mark.timeout(600)
@@ -617,3 +619,151 @@ def test_the_certificate_secured_side_serves_the_runtime_itself(
         pytest.raises(httpx.TransportError),
     ):
         anonymous.post(f"{base}/director/graphql", json={"query": query})
+
+
+def _register_until_it_works(
+    http: httpx.Client, stack: RealCompass, token: str, account: str, runtime_id: str
+) -> httpx.Response:
+    """Director reconnects to its database on its own; until then a call may fail."""
+
+    def attempt() -> httpx.Response | None:
+        answer = _register(http, stack, token, account, {"kyma_runtime_id": runtime_id})
+        ok = answer.status_code == 200 and "errors" not in answer.json()
+        return answer if ok else None
+
+    answer: httpx.Response = wait_for(attempt, timeout=20, what="Director registering again")
+    return answer
+
+
+def test_the_database_stopped_and_started_again_under_a_running_director(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    database = real_compass.database
+    assert database is not None
+    port, director_pid = database.port, real_compass.pids()["director"]
+    down_id, back_id = _unique("rt"), _unique("rt")
+
+    with real_compass.database_stopped():
+        assert not database.running
+        assert real_compass.running  # stopped on purpose: the stack counts as up
+        down = _register(http, real_compass, token, account, {"kyma_runtime_id": down_id})
+        # Director answers, and what it answers is an error, not a registration.
+        assert down.status_code != 200 or down.json().get("errors"), down.text
+        assert _alive(director_pid)
+
+    assert database.running
+    assert database.port == port  # the same address: Director's configuration still holds
+    _register_until_it_works(http, real_compass, token, account, back_id)
+    assert real_compass.runtime_count(label_key="kyma_runtime_id", label_value=down_id) == 0
+    assert real_compass.runtime_count(label_key="kyma_runtime_id", label_value=back_id) == 1
+    assert real_compass.pids()["director"] == director_pid  # Director was never restarted
+
+
+def _cutter_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "real-director-session-cutter"]
+
+
+def test_cutting_directors_sessions_ends_them_and_spares_its_own(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    # A call first, so Director's pool holds a connection to cut.
+    _register_until_it_works(http, real_compass, token, account, _unique("rt"))
+
+    cutter = real_compass.cut_sessions(every=0.2, for_seconds=2)
+    assert cutter.wait(timeout=30)
+
+    assert cutter.terminated >= 1  # at least Director's idle connection
+    # Its own session was never ended: each round's psql finished without an error.
+    assert cutter.errors == []
+    assert cutter.rounds >= 5
+    assert _cutter_threads() == []
+    # The harness's queries were spared, and Director reconnects after the cuts.
+    answer = _register_until_it_works(http, real_compass, token, account, _unique("rt"))
+    assert answer.status_code == 200
+
+
+def test_cutting_sessions_stops_early_and_leaves_no_thread(real_compass: RealCompass) -> None:
+    cutter = real_compass.cut_sessions(every=0.5, for_seconds=600)
+    assert cutter.running
+    cutter.stop(timeout=10)
+    assert not cutter.running
+    assert _cutter_threads() == []
+
+
+def test_refused_credentials_revoke_every_token_until_accepted_again(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+
+    def new_token() -> httpx.Response:
+        return http.post(
+            real_compass.token_url,
+            auth=(real_compass.client_id, real_compass.client_secret),
+            data={"grant_type": "client_credentials"},
+        )
+
+    real_compass.refuse_credentials()
+    try:
+        refused = new_token()
+        revoked = _register(http, real_compass, token, account, {})
+    finally:
+        real_compass.accept_credentials()
+
+    assert refused.status_code == 401
+    assert refused.json()["error"] == "invalid_client"
+    assert revoked.status_code == 401  # Oathkeeper's answer to a bearer it does not know
+    assert revoked.json()["error"]["status"] == "Unauthorized"
+    fresh = new_token()
+    assert fresh.status_code == 200, fresh.text
+    works = _register(http, real_compass, fresh.json()["access_token"], account, {})
+    assert works.status_code == 200, works.text
+    assert "errors" not in works.json()
+    # A token revoked stays revoked.
+    assert _register(http, real_compass, token, account, {}).status_code == 401
+
+
+def test_the_admin_api_refuses_and_accepts_credentials(
+    real_compass: RealCompass, http: httpx.Client
+) -> None:
+    admin = f"{real_compass.gateway_url}/_gateway/credentials"
+    auth = (real_compass.client_id, real_compass.client_secret)
+    form = {"grant_type": "client_credentials"}
+    try:
+        assert http.put(admin, json={"status": 200}).status_code == 400  # not a refusal
+        assert http.put(admin, json={"status": 400}).status_code == 200
+        assert http.post(real_compass.token_url, auth=auth, data=form).status_code == 400
+    finally:
+        assert http.delete(admin).status_code == 204
+    assert http.post(real_compass.token_url, auth=auth, data=form).status_code == 200
+
+
+def test_latency_delays_each_graphql_call_until_cleared(
+    real_compass: RealCompass, http: httpx.Client, token: str
+) -> None:
+    account = _unique("ga")
+    real_compass.add_global_account(account)
+    with pytest.raises(ValueError, match="min <= max"):
+        real_compass.set_latency(0.5, 0.1)
+    real_compass.set_latency(0.4, 0.5)
+    try:
+        began = time.monotonic()
+        slow = _register(http, real_compass, token, account, {})
+        took = time.monotonic() - began
+    finally:
+        real_compass.set_latency(None)
+
+    assert slow.status_code == 200, slow.text
+    assert took >= 0.4  # at least the range's low end
+    assert real_compass.gateway.latency is None
+    admin = f"{real_compass.gateway_url}/_gateway/latency"
+    try:
+        assert http.put(admin, json={"min": 0.2, "max": 0.1}).status_code == 400
+        assert http.put(admin, json={"min": 0.1, "max": 0.2}).json() == {"latency": [0.1, 0.2]}
+    finally:
+        assert http.delete(admin).status_code == 204
+    assert real_compass.gateway.latency is None
