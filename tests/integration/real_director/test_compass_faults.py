@@ -3,8 +3,10 @@
 A fleet of runtimes asks the broker for tokens as compass-agents do (each retries until it gets
 201, honouring Retry-After), while Director's PostgreSQL stops, the token endpoint refuses the
 broker's credentials, or Director's database sessions are cut again and again. Whatever Compass
-does, a runtime is never refused (no 502 `compass-rejected`) and never registered twice:
-Director's own database is the judge (one runtime per Kyma, by our label `kyma_runtime_id`).
+does, a runtime is never refused (no 502 `compass-rejected`), every answer but a token says when
+to come back (429 or 503 with Retry-After), every runtime connects soon after the fault ends,
+and none is registered twice: Director's own database is the judge (one runtime per Kyma, by our
+label `kyma_runtime_id`).
 
 Time limits are generous bounds, not measurements.
 """
