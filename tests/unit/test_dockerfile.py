@@ -1,7 +1,10 @@
-"""The image's promises, checked from the Dockerfile text (no container engine is needed).
+"""The image's promises, checked from the Dockerfile text (no container engine is needed; where
+one can run, tests/integration/image builds the image and runs it).
 
-Multi-stage on a slim Python base; dependencies only from the hashed lock; both entry
-points; a numeric non-root user; nothing that compiles or caches in the final stage.
+Multi-stage on a slim Python base pinned by digest; dependencies only from the hashed lock; both
+entry points; a numeric non-root user; nothing that compiles or caches in the final stage; no
+secret in any instruction (pip's CA bundle is a build secret, mounted for a RUN only); and the
+build context `make image` hashes is what the Dockerfile copies.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from devenv.image import CONTEXT_FILES, CONTEXT_PACKAGES
 from tests.conftest import REPO_ROOT
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
@@ -59,11 +63,61 @@ def _stages() -> tuple[dict[str, str], list[Stage]]:
     return build_args, stages
 
 
-def test_multi_stage_on_a_slim_python_base() -> None:
+def test_multi_stage_on_a_slim_python_base_pinned_by_digest() -> None:
     _, stages = _stages()
     assert len(stages) >= 2
     for stage in stages:
-        assert re.fullmatch(r"python:3\.1[1-9]-slim(-\w+)?", stage.base), stage.base
+        assert re.fullmatch(
+            r"docker\.io/library/python:3\.1[1-9](\.\d+)?-slim-\w+@sha256:[0-9a-f]{64}", stage.base
+        ), stage.base
+
+
+def test_no_secret_in_any_instruction() -> None:
+    """A build argument or an environment variable is written into the image's config, a COPY
+    into a layer: pip's CA bundle is none of these, only a secret mounted for a RUN."""
+    build_args, stages = _stages()
+    names = list(build_args) + [
+        args.split("=")[0] for stage in stages for args in stage.args_of("ARG")
+    ]
+    env = " ".join(args for stage in stages for args in stage.args_of("ENV"))
+    secretive = re.compile(r"CERT|_CA\b|TOKEN|PASSWORD|SECRET|CREDENTIAL|_KEY\b", re.IGNORECASE)
+    assert not [name for name in names if secretive.search(name)]
+    assert not secretive.search(env), env
+    for stage in stages:
+        for copied in stage.args_of("COPY") + stage.args_of("ADD"):
+            assert not re.search(r"\.(pem|crt|key)\b|secret", copied, re.IGNORECASE), copied
+    for stage in stages:
+        for run in stage.args_of("RUN"):
+            if "/run/secrets/" in run:
+                assert run.startswith("--mount=type=secret,id=pip-ca "), run
+
+
+def test_every_pip_download_trusts_the_ca_bundle_when_given() -> None:
+    """pip reaches the package index in two RUNs (the lock; the wheel's build backend): each
+    mounts the bundle and points PIP_CERT at it when there is one."""
+    _, stages = _stages()
+    downloads = [
+        run
+        for run in stages[0].args_of("RUN")
+        if "-r requirements.lock" in run or "pip wheel" in run
+    ]
+    assert len(downloads) == 2
+    for run in downloads:
+        assert run.startswith("--mount=type=secret,id=pip-ca "), run
+        assert "export PIP_CERT=/run/secrets/pip-ca" in run, run
+
+
+def test_make_image_hashes_what_the_dockerfile_copies() -> None:
+    """devenv/image.py builds from a copy of the files it hashes: exactly the COPY sources."""
+    _, stages = _stages()
+    sources = {
+        source
+        for stage in stages
+        for copied in stage.args_of("COPY")
+        if not copied.startswith("--from=")
+        for source in copied.split()[:-1]
+    }
+    assert sources | {"Dockerfile"} == set(CONTEXT_FILES) | set(CONTEXT_PACKAGES)
 
 
 def test_dependencies_come_from_the_hashed_lock() -> None:
