@@ -10,7 +10,7 @@ TOOLCHAIN := devenv/toolchain/build.sh
 RUNTIME_AGENT := devenv/runtime_agent/build.sh
 REAL_COMPASS := devenv/real_director/build.sh
 
-.PHONY: test check lint unit toolchain runtime-agent real-compass demo bench lock e2e-kind module clean
+.PHONY: test check lint unit toolchain runtime-agent real-compass image image-if-possible demo bench lock e2e-kind module clean
 
 $(INSTALLED): pyproject.toml
 	@echo "==> creating the virtual environment in $(VENV)"
@@ -32,6 +32,17 @@ runtime-agent:
 real-compass:
 	@bash $(REAL_COMPASS) >/dev/null || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; }
 
+# The product image (docs/image.md): buildah from Debian's packages (installed when missing, as
+# root), on a base made from them where no registry serves the Dockerfile's pinned one. Prints the
+# OCI archive it is cached as; IMAGE=<registry>/<name>:<tag> names it otherwise.
+image:
+	@$(PYTHON) -m devenv.image
+
+# The same before pytest runs, so the build does not eat a test's timeout. Exit 3 means no builder
+# can run here (not root): the image's tests skip and say so.
+image-if-possible:
+	@$(PYTHON) -m devenv.image >/dev/null || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; }
+
 lint: $(INSTALLED)
 	@echo "==> ruff check, ruff format --check, mypy, lint-imports"
 	$(VENV)/bin/ruff check .
@@ -39,7 +50,7 @@ lint: $(INSTALLED)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-test: $(INSTALLED) toolchain runtime-agent real-compass lint
+test: $(INSTALLED) toolchain runtime-agent real-compass image-if-possible lint
 	@echo "==> pytest"
 	$(PY) -m pytest $(PYTEST_ARGS)
 
