@@ -7,11 +7,16 @@
 #
 # `build.sh promql-check` prints the path of promql-check instead (Prometheus's rule and PromQL
 # parser, for the chart tests), built once into the same cache; KUBEBUILDER_ASSETS plays no part.
+#
+# `build.sh node` prints the same folder after also building kubelet, kube-controller-manager,
+# kube-scheduler and kube-proxy (devenv/node's real node): the same release, from the same Go
+# module as kube-apiserver (its go.mod pins them all), in one `go build`.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 source "$here/versions.env"
 binaries=(kube-apiserver etcd helm kubectl)
+node_binaries=(kubelet kube-controller-manager kube-scheduler kube-proxy)
 
 say() { echo "toolchain: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -35,6 +40,12 @@ if [[ "${1:-}" == promql-check ]]; then
   fi
   echo "$dir/promql-check"
   exit 0
+fi
+
+if [[ "${1:-}" == node ]]; then
+  binaries+=("${node_binaries[@]}")
+elif [[ -n "${1:-}" ]]; then
+  die "unknown argument '$1' (none, node or promql-check)"
 fi
 
 if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
@@ -82,20 +93,40 @@ build_one() {
   say "built $name in $((SECONDS - start))s"
 }
 
+v="v$KUBERNETES_VERSION"; major="${KUBERNETES_VERSION%%.*}"; minor="${KUBERNETES_VERSION#*.}"; minor="${minor%%.*}"
+# What every binary of the kube-apiserver module reports as its version (node status, /version).
+kube_ldflags="-s -w \
+  -X k8s.io/component-base/version.gitVersion=$v \
+  -X k8s.io/component-base/version.gitMajor=$major \
+  -X k8s.io/component-base/version.gitMinor=$minor \
+  -X k8s.io/component-base/version.gitTreeState=clean \
+  -X k8s.io/client-go/pkg/version.gitVersion=$v"
+
+# The node's binaries in one `go build` (their packages overlap: one compile of each), into a
+# folder of its own first, so an interrupted build leaves none of them half-written.
+node_missing=()
+for b in "${missing[@]}"; do
+  for n in "${node_binaries[@]}"; do [[ "$b" == "$n" ]] && node_missing+=("$b"); done
+done
+if (( ${#node_missing[@]} > 0 )); then
+  start=$SECONDS
+  say "building ${node_missing[*]} (about 7 minutes from an empty Go cache, 2-3 with kube-apiserver's) ..."
+  partial="$bindir/.node.partial"
+  rm -rf "$partial" && mkdir -p "$partial"
+  (cd "$here/kube-apiserver" && go build -ldflags "$kube_ldflags" -o "$partial/" "${node_missing[@]/#/./}")
+  for n in "${node_missing[@]}"; do mv "$partial/$n" "$bindir/$n"; done
+  rmdir "$partial"
+  say "built ${node_missing[*]} in $((SECONDS - start))s"
+fi
+
 for b in "${missing[@]}"; do
   case "$b" in
+    kubelet|kube-controller-manager|kube-scheduler|kube-proxy) ;;
     kube-apiserver)
-      v="v$KUBERNETES_VERSION"; major="${KUBERNETES_VERSION%%.*}"; minor="${KUBERNETES_VERSION#*.}"; minor="${minor%%.*}"
-      build_one kube-apiserver "-s -w \
-        -X k8s.io/component-base/version.gitVersion=$v \
-        -X k8s.io/component-base/version.gitMajor=$major \
-        -X k8s.io/component-base/version.gitMinor=$minor \
-        -X k8s.io/component-base/version.gitTreeState=clean \
-        -X k8s.io/client-go/pkg/version.gitVersion=$v" ;;
+      build_one kube-apiserver "$kube_ldflags" ;;
     etcd)
       build_one etcd "-s -w" ;;
     kubectl)
-      v="v$KUBERNETES_VERSION"; major="${KUBERNETES_VERSION%%.*}"; minor="${KUBERNETES_VERSION#*.}"; minor="${minor%%.*}"
       build_one kubectl "-s -w \
         -X k8s.io/component-base/version.gitVersion=$v \
         -X k8s.io/component-base/version.gitMajor=$major \

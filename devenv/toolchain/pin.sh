@@ -11,6 +11,8 @@ command -v go >/dev/null || { echo "pin.sh: the Go toolchain is needed (install 
 
 staging_version="v0.${KUBERNETES_VERSION#1.}"
 
+# The kube-apiserver module also holds the node's mains (kubelet/, kube-controller-manager/,
+# kube-scheduler/, kube-proxy/): `go mod tidy` pins what they need too, at the same release.
 pin_kube_apiserver() {
   local dir="$here/kube-apiserver"
   rm -f "$dir/go.mod" "$dir/go.sum"
