@@ -10,7 +10,7 @@ TOOLCHAIN := devenv/toolchain/build.sh
 RUNTIME_AGENT := devenv/runtime_agent/build.sh
 REAL_COMPASS := devenv/real_director/build.sh
 
-.PHONY: test check lint unit toolchain runtime-agent real-compass image image-if-possible demo bench lock e2e-kind module clean
+.PHONY: test check lint unit toolchain node runtime-agent real-compass image image-if-possible demo bench lock e2e-kind module clean
 
 $(INSTALLED): pyproject.toml
 	@echo "==> creating the virtual environment in $(VENV)"
@@ -21,6 +21,13 @@ $(INSTALLED): pyproject.toml
 
 toolchain:
 	@bash $(TOOLCHAIN) >/dev/null
+
+# The real node's binaries (kubelet, kube-controller-manager, kube-scheduler, kube-proxy, from the
+# same module as kube-apiserver) and its pause image, built before pytest runs. Where this machine
+# cannot run a node (not root, no containerd: devenv/node/host-packages.sh), it says why, builds
+# nothing, and the node's tests skip with that reason (docs/real-node.md).
+node: $(INSTALLED) toolchain
+	@$(PY) -m devenv.node --prepare
 
 # Kyma's real compass-runtime-agent, built from the pinned source before pytest runs (the Go build
 # must not eat a test's timeout). Exit 3 means the source is not here: its tests skip and say so.
@@ -50,7 +57,7 @@ lint: $(INSTALLED)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-test: $(INSTALLED) toolchain runtime-agent real-compass image-if-possible lint
+test: $(INSTALLED) toolchain node runtime-agent real-compass image-if-possible lint
 	@echo "==> pytest"
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -341,18 +341,38 @@ def _wait_ready(
     )
 
 
-def start_cluster(name: str, binaries: Binaries, *, workdir: Path | None = None) -> TestCluster:
-    """Starts etcd and kube-apiserver for one cluster and returns once `/readyz` answers 200."""
+def start_cluster(
+    name: str,
+    binaries: Binaries,
+    *,
+    workdir: Path | None = None,
+    ca: pki.KeyPair | None = None,
+    address: str = "127.0.0.1",
+    server_hosts: Sequence[str] = (),
+    apiserver_flags: Mapping[str, str | None] | None = None,
+) -> TestCluster:
+    """Starts etcd and kube-apiserver for one cluster and returns once `/readyz` answers 200.
+
+    The defaults make an envtest-like API server on loopback. A real node (devenv/node) needs
+    more, and passes it: `ca` (the cluster's CA, made by the caller, which issued the node's
+    certificates from it first), `address` (where the API server binds and what it advertises,
+    reachable from pods), `server_hosts` (more names and addresses in its serving certificate)
+    and `apiserver_flags` (`--name` -> value, added or replacing the default; None drops it).
+    """
     workdir = workdir or Path(tempfile.mkdtemp(prefix=f"kcp-{name}-"))
     pki_dir = workdir / "pki"
     pki_dir.mkdir(parents=True, exist_ok=True)
 
-    ca = pki.new_ca(f"{name}-ca")
+    ca = ca or pki.new_ca(f"{name}-ca")
     ca.write(pki_dir / "ca.crt", pki_dir / "ca.key")
     pki.issue(
         ca,
         common_name="kube-apiserver",
-        server_hosts=("127.0.0.1", "localhost", "kubernetes.default.svc"),
+        server_hosts=tuple(
+            dict.fromkeys(
+                ("127.0.0.1", "localhost", "kubernetes.default.svc", address, *server_hosts)
+            )
+        ),
     ).write(pki_dir / "apiserver.crt", pki_dir / "apiserver.key")
     admin = pki.issue(ca, common_name="admin", organizations=("system:masters",), client=True)
     admin.write(pki_dir / "admin.crt", pki_dir / "admin.key")
@@ -363,7 +383,7 @@ def start_cluster(name: str, binaries: Binaries, *, workdir: Path | None = None)
     (pki_dir / "sa.pub").write_bytes(pki.public_key_pem(sa_key))
 
     etcd_client, etcd_peer, api_port = free_port(), free_port(), free_port()
-    server = f"https://127.0.0.1:{api_port}"
+    server = f"https://{address}:{api_port}"
     issuer = f"{server}/"
     etcd_log, api_log = workdir / "etcd.log", workdir / "kube-apiserver.log"
     etcd = _spawn(
@@ -395,30 +415,32 @@ def start_cluster(name: str, binaries: Binaries, *, workdir: Path | None = None)
     try:
         with httpx.Client(timeout=2.0) as plain:
             _wait_ready(plain, f"http://127.0.0.1:{etcd_client}/health", [etcd], [etcd_log])
+        flags: dict[str, str | None] = {
+            "--etcd-servers": f"http://127.0.0.1:{etcd_client}",
+            "--cert-dir": str(pki_dir),
+            "--tls-cert-file": str(pki_dir / "apiserver.crt"),
+            "--tls-private-key-file": str(pki_dir / "apiserver.key"),
+            "--client-ca-file": str(pki_dir / "ca.crt"),
+            "--secure-port": str(api_port),
+            "--bind-address": address,
+            "--advertise-address": address,
+            # No kubelet or real network here: nothing should maintain the kubernetes Service.
+            "--endpoint-reconciler-type": "none",
+            "--service-cluster-ip-range": "10.0.0.0/24",
+            "--allow-privileged": "true",
+            "--disable-admission-plugins": "ServiceAccount",
+            "--authorization-mode": "RBAC",
+            "--service-account-issuer": issuer,
+            "--service-account-key-file": str(pki_dir / "sa.pub"),
+            "--service-account-signing-key-file": str(pki_dir / "sa.key"),
+            "--enable-priority-and-fairness": "false",
+            "--profiling": "false",
+            "--v": "0",
+        }
+        flags.update(apiserver_flags or {})
         apiserver = _spawn(
-            [
-                str(binaries.kube_apiserver),
-                f"--etcd-servers=http://127.0.0.1:{etcd_client}",
-                f"--cert-dir={pki_dir}",
-                f"--tls-cert-file={pki_dir / 'apiserver.crt'}",
-                f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
-                f"--client-ca-file={pki_dir / 'ca.crt'}",
-                f"--secure-port={api_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                # No kubelet or real network here: nothing should maintain the kubernetes Service.
-                "--endpoint-reconciler-type=none",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--allow-privileged=true",
-                "--disable-admission-plugins=ServiceAccount",
-                "--authorization-mode=RBAC",
-                f"--service-account-issuer={issuer}",
-                f"--service-account-key-file={pki_dir / 'sa.pub'}",
-                f"--service-account-signing-key-file={pki_dir / 'sa.key'}",
-                "--enable-priority-and-fairness=false",
-                "--profiling=false",
-                "--v=0",
-            ],
+            [str(binaries.kube_apiserver)]
+            + [f"{flag}={value}" for flag, value in flags.items() if value is not None],
             api_log,
         )
         cluster._processes.append(apiserver)

@@ -1,0 +1,167 @@
+"""A real node (devenv.node) for the tests that need pods.
+
+One node per machine (host-wide cgroups, paths and pod network), so the session shares one:
+`node_cluster` starts it the first time a test asks and `node_slot` stops it when the run ends.
+A test that needs the machine to itself (test_host_as_found.py, which starts and stops its own)
+runs first by file order and calls `node_slot.release()` before it begins. Where this machine
+cannot run a node, every test here skips with the reason (devenv.node.unavailable_reason).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from devenv.clusters import kyma_crds
+from devenv.node import NodeCluster, start_node_cluster, unavailable_reason
+from devenv.node import images as node_images
+
+UNAVAILABLE = unavailable_reason()
+
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+# What the restricted Pod Security profile asks of every container.
+RESTRICTED_CONTAINER = client.V1SecurityContext(
+    allow_privilege_escalation=False,
+    read_only_root_filesystem=True,
+    run_as_non_root=True,
+    run_as_user=65535,
+    capabilities=client.V1Capabilities(drop=["ALL"]),
+    seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
+)
+
+
+class NodeSlot:
+    """The session's node: started on first use, stopped at the end or on `release()`."""
+
+    def __init__(self) -> None:
+        self.node: NodeCluster | None = None
+        self.failed: BaseException | None = None
+        self.figures: dict[str, float] = {}
+
+    def shared(self) -> NodeCluster:
+        if self.failed is not None:
+            pytest.fail(f"the session's node did not start: {self.failed}")
+        if self.node is None or not self.node.running:
+            try:
+                node = start_node_cluster("runtime-node")
+                node.cluster.apply_crds(kyma_crds())
+                node.import_image(node_images.probe_archive())
+            except BaseException as exc:
+                self.failed = exc
+                raise
+            self.node = node
+        return self.node
+
+    def release(self) -> None:
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
+
+
+@pytest.fixture(scope="session")
+def node_slot() -> Iterator[NodeSlot]:
+    if UNAVAILABLE:
+        pytest.skip(f"no real node here: {UNAVAILABLE}")
+    slot = NodeSlot()
+    try:
+        yield slot
+    finally:
+        slot.release()
+
+
+@pytest.fixture
+def node_cluster(node_slot: NodeSlot) -> NodeCluster:
+    return node_slot.shared()
+
+
+def pod_container(name: str, image: str, args: list[str] | None = None) -> client.V1Container:
+    return client.V1Container(
+        name=name,
+        image=image,
+        image_pull_policy="Never",
+        args=args,
+        security_context=RESTRICTED_CONTAINER,
+        resources=client.V1ResourceRequirements(
+            requests={"cpu": "5m", "memory": "8Mi"}, limits={"memory": "32Mi"}
+        ),
+    )
+
+
+def pod_spec(containers: list[client.V1Container], **kwargs: Any) -> client.V1PodSpec:
+    return client.V1PodSpec(
+        containers=containers,
+        termination_grace_period_seconds=2,
+        security_context=client.V1PodSecurityContext(
+            run_as_non_root=True,
+            seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
+        ),
+        **kwargs,
+    )
+
+
+def pause_deployment(name: str, replicas: int = 2) -> client.V1Deployment:
+    labels = {"app": name}
+    return client.V1Deployment(
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        spec=client.V1DeploymentSpec(
+            replicas=replicas,
+            selector=client.V1LabelSelector(match_labels=labels),
+            template=client.V1PodTemplateSpec(
+                metadata=client.V1ObjectMeta(labels=labels),
+                spec=pod_spec([pod_container("pause", node_images.pause_image_name())]),
+            ),
+        ),
+    )
+
+
+def probe_pod(name: str, host: str, port: int) -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=pod_spec(
+            [pod_container("probe", node_images.probe_image_name(), [host, str(port)])],
+            restart_policy="Never",
+        ),
+    )
+
+
+def deployment_condition(
+    apps: client.AppsV1Api, namespace: str, name: str, kind: str = "Available"
+) -> str | None:
+    try:
+        deployment = apps.read_namespaced_deployment_status(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    for condition in (deployment.status and deployment.status.conditions) or []:
+        if condition.type == kind:
+            return str(condition.status)
+    return None
+
+
+def wait_until(
+    predicate: Callable[[], Any], *, within: float, what: str, interval: float = 0.25
+) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        time.sleep(interval)
+
+
+def pod_phase(core: client.CoreV1Api, namespace: str, name: str) -> str | None:
+    try:
+        pod = core.read_namespaced_pod(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return str(pod.status.phase) if pod.status else None
