@@ -30,6 +30,7 @@ from typing import Any
 
 from agent.retry_policy import Jitter, RetryPolicy, next_delay
 from bench import report as report_mod
+from bench import slow
 from bench.jsonout import to_json
 from bench.keys import RuntimeKey, new_runtime_keys
 from bench.plan import ALL_SCENARIOS, OTHER_SCENARIOS, describe, fleet_runs
@@ -65,6 +66,18 @@ def _sizes(text: str) -> tuple[int, ...]:
     if any(n < 1 for n in sizes):
         raise argparse.ArgumentTypeError("fleet sizes must be positive")
     return sizes
+
+
+def _latency_range(text: str) -> tuple[float, float]:
+    """`MIN-MAX` seconds (or one number: exactly that)."""
+    low, _, high = text.partition("-")
+    try:
+        pair = (float(low), float(high or low))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not MIN-MAX seconds: {text}") from exc
+    if not 0 <= pair[0] <= pair[1]:
+        raise argparse.ArgumentTypeError(f"wants 0 <= MIN <= MAX: {text}")
+    return pair
 
 
 def _scenarios(text: str) -> tuple[str, ...]:
@@ -193,6 +206,20 @@ e.g. `--sizes 100 --scenarios cold,outage`.""",
         help="how long the reports scenario measures, s (60)",
     )
     add("--idle", type=float, default=60.0, help="agent idle time in the footprint, s (60)")
+    add(
+        "--slow-n",
+        type=int,
+        default=slow.DEFAULT_N,
+        help=f"runtimes of the slow-Director cold start (default {slow.DEFAULT_N})",
+    )
+    add(
+        "--slow-latency",
+        type=_latency_range,
+        default=slow.DEFAULT_LATENCY,
+        metavar="MIN-MAX",
+        help="seconds each Director call takes in the slow-Director scenario, uniformly "
+        "(default 3-5); `--scenarios slow` alone rewrites only its section of the report",
+    )
     add(
         "--fleet-processes",
         type=int,
@@ -377,10 +404,37 @@ def keep_real_director(
     return text, data
 
 
-def write_report(report: BenchReport, out_dir: Path, progress: Progress) -> None:
+def keep_slow(
+    out_dir: Path, text: str, data: dict[str, Any], runs: Sequence[slow.SlowRun]
+) -> tuple[str, dict[str, Any]]:
+    """The report and JSON with the slow-Director section: this run's rows, and the rows of
+    the targets it did not measure as the files in `out_dir` had them."""
+    try:
+        old = slow.from_json(json.loads((out_dir / JSON_NAME).read_text()).get(slow.JSON_KEY))
+    except (OSError, ValueError, AttributeError):
+        old = []
+    merged = slow.merged_runs(old, runs)
+    if not merged:
+        return text, data
+    data = {**data, slow.JSON_KEY: slow.to_json(merged)}
+    return slow.merge_section(text, slow.render(merged)), data
+
+
+def write_report(
+    report: BenchReport,
+    out_dir: Path,
+    progress: Progress,
+    slow_runs: Sequence[slow.SlowRun] = (),
+    *,
+    only_slow: bool = False,
+) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if only_slow:  # its own section only: everything else stays as the last full run left it
+        slow.merge_docs(out_dir, slow_runs, report=REPORT_NAME, data_file=JSON_NAME)
+        progress.say(f"wrote the slow-Director section of {out_dir / REPORT_NAME} and {JSON_NAME}")
+        return
     from bench.plot import plot_connected  # noqa: PLC0415 (matplotlib only when writing)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     for scenario, name in PLOT_NAMES.items():
         runs = report_mod.plotted_runs(report, scenario)
         if runs:
@@ -388,6 +442,7 @@ def write_report(report: BenchReport, out_dir: Path, progress: Progress) -> None
             report.plots[scenario] = name
     text, data = report_mod.render(report), to_json(report)
     text, data = keep_real_director(out_dir, text, data)
+    text, data = keep_slow(out_dir, text, data, slow_runs)
     (out_dir / REPORT_NAME).write_text(text)
     (out_dir / JSON_NAME).write_text(json.dumps(data, indent=1) + "\n")
     progress.say(f"wrote {out_dir / REPORT_NAME} and {JSON_NAME}")
@@ -445,7 +500,9 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Ben
         uncommitted=uncommitted,
     )
     note = retry_policy_note()
-    largest = max([*(r.n for r in runs), plan.steady_callers, 1])
+    slow_runs: list[slow.SlowRun] = []
+    only_slow = set(args.scenarios) == {"slow"}
+    largest = max([*(r.n for r in runs), plan.steady_callers, args.slow_n, 1])
     limit_note = raise_open_files_limit(largest + 1024)
 
     def save() -> None:
@@ -457,7 +514,7 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Ben
             *([limit_note] if limit_note else []),
             *report_mod.findings(report),
         ]
-        write_report(report, out_dir, progress)
+        write_report(report, out_dir, progress, slow_runs, only_slow=only_slow)
 
     progress.say("starting the control-plane API server")
     binaries = await asyncio.to_thread(find_binaries)
@@ -470,7 +527,9 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Ben
     try:
         crds = [*kyma_crds(), *sorted((REPO_ROOT / "charts/compass-broker/crds").glob("*.yaml"))]
         await asyncio.to_thread(kcp_cluster.apply_crds, crds)
-        needed = max([*(r.n for r in runs), plan.steady_runtimes, plan.report_runtimes, 1])
+        needed = max(
+            [*(r.n for r in runs), plan.steady_runtimes, plan.report_runtimes, args.slow_n, 1]
+        )
         progress.say(f"generating {needed} runtime signing keys")
         keys = new_runtime_keys(needed)
         jwks, template = start_jwks(keys, workdir)
@@ -496,6 +555,20 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Ben
             save()
         if "reports" in args.scenarios:
             report.reports = await bench.reports()
+            save()
+        if "slow" in args.scenarios:
+            slow_runs.append(
+                await bench.slow_director(
+                    n=args.slow_n,
+                    latency=args.slow_latency,
+                    commit=report.commit,
+                    note=(
+                        f"measured with uncommitted changes in {', '.join(report.uncommitted)}"
+                        if report.uncommitted
+                        else ""
+                    ),
+                )
+            )
             save()
         for spec in runs:
             if spec.identity_mode == "tokenreview" and bench.runtime_clusters is None:
@@ -539,6 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("--report-runtimes",): ("report_runtimes", 200),
             ("--report-window",): ("report_window", 10.0),
             ("--idle",): ("idle", 5.0),
+            ("--slow-n",): ("slow_n", QUICK_SIZES[0]),
         }
         for flags, (name, value) in defaults.items():
             if not explicit & set(flags):

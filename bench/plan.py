@@ -16,7 +16,7 @@ from bench import stats
 from bench.results import Plan
 
 FLEET_SCENARIOS = ("cold", "outage", "legacy", "identity", "replicas")
-OTHER_SCENARIOS = ("steady", "reports", "footprint")
+OTHER_SCENARIOS = ("steady", "reports", "footprint", "slow")
 ALL_SCENARIOS = (*FLEET_SCENARIOS, *OTHER_SCENARIOS)
 SETUP_SECONDS_PER_RUN = 15.0  # simulator, broker start, namespace (measured: 8 to 15 s)
 SEED_SECONDS_PER_RUNTIME = 0.006  # Kyma CRs (and Secrets) created at 24 at a time
@@ -133,6 +133,9 @@ def describe(plan: Plan, runs: list[RunSpec], *, other: tuple[str, ...]) -> list
     if "footprint" in other:
         fixed += 90.0
         lines.append("agent footprint (one real agent, idle)")
+    if "slow" in other:
+        fixed += 240.0
+        lines.append("slow Director (bench.slow: --slow-n runtimes, --slow-latency per call)")
     lines.append(
         f"expected: about {(best + fixed) / 60:.0f} min if every run meets its target, "
         f"at most about {(worst + fixed) / 60:.0f} min if every run reaches its deadline"

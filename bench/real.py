@@ -10,6 +10,10 @@ Two scenarios, chosen with `--scenarios` (default both):
   counted, then counts every Director call (all operations) per runtime and the duplicates in
   Director's own store: the simulator's, or Director's PostgreSQL grouped by
   `kyma_runtime_id`.
+- `slow`: every call of Director's takes 3-5 s (the gateway's `set_latency`), N (default 200)
+  runtimes start cold through one broker: Director's calls in flight while work waits, and the
+  time to all connected against the bound the latency allows (`bench.slow`, its own section of
+  docs/benchmarks.md, the `real Director` row).
 - `real`: Director's own capacity here first (register + token pairs per second sent straight
   to the gateway, at the brokers' concurrency and at C), then a cold start of N (default
   1,000) through one broker against the real Director: time to all connected against the
@@ -50,7 +54,7 @@ from typing import Any, cast
 import httpx
 
 from bench import plan as planning
-from bench import stats
+from bench import slow, stats
 from bench.keys import new_runtime_keys
 from bench.plan import RunSpec
 from bench.procs import CLOCK_TICKS, Child, CpuSnapshot, cpu_by_role
@@ -964,6 +968,59 @@ class RealBench:
             waited_after_seconds=waited,
         )
 
+    async def slow_real(
+        self, n: int, *, latency: tuple[float, float], commit: str, note: str = ""
+    ) -> slow.SlowRun:
+        """A cold start of n through one broker while each Director call takes `latency`
+        (min, max) seconds at the gateway (`bench.slow`)."""
+        bench = self.bench
+        spec = RunSpec("slow-real", n, 0.0)
+        tokens = await bench.tokens_for(spec, bench.keys[:n])
+        compass = await asyncio.to_thread(self.start_compass, "slow-real", n)
+        try:
+            started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+            load_before = os.getloadavg()[0]
+            before = compass.calls()
+            bound = slow.latency_bound(
+                n, latency=sum(latency) / 2, slots=bench.plan.broker_concurrency
+            )
+            async with bench.stack(
+                spec, capacity=bench.plan.capacity, target=RealTarget.of(compass)
+            ) as run:
+                compass.set_latency(*latency)
+                m = await bench._fleet(
+                    run, bench.agents(run, tokens), deadline=max(600.0, 4 * bound)
+                )
+                compass.set_latency(None)
+                calls = call_delta(before, compass.calls())
+                runtimes = await asyncio.to_thread(compass.runtimes, label_key=RUNTIME_ID_LABEL)
+                rows = _admission_rows(run.workdir)
+            fleet = m.fleet
+            return slow.result_from_gauges(
+                target="real Director",
+                commit=commit,
+                started=started,
+                n=n,
+                slots=bench.plan.broker_concurrency,
+                latency=latency,
+                connected=fleet.connected,
+                seconds=stats.completion_time(
+                    list(fleet.connected_at.values()), since=fleet.started_at, expected=n
+                ),
+                connect_times=[t - fleet.started_at for t in fleet.connected_at.values()],
+                samples=[
+                    {k: float(v) for k, v in row.items() if v not in (None, "")} for row in rows
+                ],
+                since=fleet.started_at,
+                calls=calls,
+                attempts=dict(fleet.attempts),
+                duplicates=duplicates_by_label(registrations_of(runtimes, run.runtime_ids)),
+                load=(load_before, os.getloadavg()[0]),
+                note=note,
+            )
+        finally:
+            compass.stop()
+
     async def real_cold(self, n: int, *, pairs: int, report: RealReport) -> RealColdResult:
         bench = self.bench
         plan = bench.plan
@@ -1050,10 +1107,22 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add("--scenarios", default="lost,real", help="lost, real or both (default lost,real)")
+    add(
+        "--scenarios",
+        default="lost,real",
+        help="lost, real, slow, comma-separated (default lost,real); `slow` alone with --docs "
+        "rewrites only its row of docs/benchmarks.md section 12",
+    )
     add("--lost-n", type=int, default=LOST_N, help=f"runtimes of `lost` (default {LOST_N})")
     add("--n", type=int, default=REAL_N, help=f"runtimes of the real cold start ({REAL_N})")
     add("--pairs", type=int, default=CAPACITY_PAIRS, help="pairs of the capacity measurement")
+    add("--slow-n", type=int, default=slow.DEFAULT_N, help="runtimes of `slow` (default 200)")
+    add(
+        "--slow-latency",
+        default="-".join(f"{v:g}" for v in slow.DEFAULT_LATENCY),
+        metavar="MIN-MAX",
+        help="seconds each Director call takes in `slow` (default 3-5)",
+    )
     add("--capacity", type=int, default=8, help="Director capacity C of the bench (default 8)")
     add("--broker-concurrency", type=int, default=None, help="default C + C/4")
     add("--out-dir", type=Path, default=None, help="where the json and md go (default: temp)")
@@ -1146,12 +1215,27 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
         max_run_seconds=1800.0,
         scenarios=(),
     )
-    n_max = max(args.lost_n if "lost" in chosen else 0, args.n if "real" in chosen else 0, 1)
+    n_max = max(
+        args.lost_n if "lost" in chosen else 0,
+        args.n if "real" in chosen else 0,
+        args.slow_n if "slow" in chosen else 0,
+        1,
+    )
+    slow_runs: list[slow.SlowRun] = []
     raise_open_files_limit(n_max + 1024)
 
     def save() -> None:
-        report.load_after = os.getloadavg()
         out_dir.mkdir(parents=True, exist_ok=True)
+        if slow_runs:
+            slow.merge_docs(out_dir, slow_runs, report="benchmarks-slow.md", data_file="slow.json")
+            if args.docs:
+                docs = REPO_ROOT / "docs"
+                slow.merge_docs(
+                    docs, slow_runs, report="benchmarks.md", data_file="benchmarks.json"
+                )
+        if chosen <= {"slow"}:
+            return  # the section of the other scenarios stays as it was
+        report.load_after = os.getloadavg()
         (out_dir / "benchmarks-real.json").write_text(json.dumps(to_json(report), indent=1) + "\n")
         (out_dir / "benchmarks-real.md").write_text(render(report))
         if args.docs:
@@ -1191,6 +1275,17 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
             save()
         if "real" in chosen:
             report.cold = await real.real_cold(args.n, pairs=args.pairs, report=report)
+            save()
+        if "slow" in chosen:
+            low, _, high = args.slow_latency.partition("-")
+            slow_runs.append(
+                await real.slow_real(
+                    args.slow_n,
+                    latency=(float(low), float(high or low)),
+                    commit=commit,
+                    note=f"uncommitted changes in {', '.join(uncommitted)}" if uncommitted else "",
+                )
+            )
             save()
     finally:
         if jwks is not None:

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from bench import plan as planning
-from bench import stats
+from bench import slow, stats
 from bench.fleet import Agent, FleetProcesses, FleetResult, assign_brokers
 from bench.footprint import measure_footprint
 from bench.keys import AUDIENCE, RuntimeKey, sign_token
@@ -169,14 +169,16 @@ class Bench:
         self,
         spec: RunSpec,
         *,
-        capacity: int,
+        capacity: int | None,
         cprofile: bool = False,
         target: Simulator | None = None,
         broker_env: Mapping[str, str] | None = None,
+        sim_latency: float | None = None,
     ) -> AsyncIterator[Run]:
         """The run's system under test. `target`: a Director started by the caller (the real
         one, `bench.real`) instead of a fresh simulator; the caller stops it. `broker_env`:
-        settings of this run's brokers on top of the bench's own."""
+        settings of this run's brokers on top of the bench's own. `sim_latency`: the fresh
+        simulator's latency, when not the run's (`spec.latency`)."""
         workdir = run_workdir(self.config.workdir, spec.label.replace(" ", "_").replace(",", ""))
         namespace = unique_namespace(f"bench-{spec.scenario}")
         keys = self.keys[: spec.n]
@@ -185,8 +187,9 @@ class Bench:
         if spec.identity_mode == "tokenreview":
             clusters = self._clusters()
             await self.kcp.seed_kubeconfigs(namespace, keys, clusters.kubeconfigs)
+        latency = spec.latency if sim_latency is None else sim_latency
         sim = target or await asyncio.to_thread(
-            start_simulator, workdir, capacity=capacity, latency=spec.latency
+            start_simulator, workdir, capacity=capacity, latency=latency
         )
         try:
             brokers = await asyncio.to_thread(
@@ -619,6 +622,57 @@ class Bench:
             ),
             max_calls_per_window_after=stats.max_in_sliding_window(probes, PROBE_WINDOW),
             up_at=up_at - down_at,
+        )
+
+    # -- a slow Director (bench.slow) ------------------------------------------------------
+
+    async def slow_director(
+        self, *, n: int, latency: tuple[float, float], commit: str = "", note: str = ""
+    ) -> slow.SlowRun:
+        """N runtimes start cold against the simulator with every Director call taking
+        `latency` (min, max) seconds and no limit on Director's own concurrency: the brokers'
+        slots are the limit (`bench.slow`)."""
+        low, high = latency
+        spec = RunSpec("slow", n, (low + high) / 2)
+        tokens = await self.tokens_for(spec, self.keys[:n])
+        deadline = planning.deadline(self.plan, spec)
+        load_before = os.getloadavg()[0]
+        started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        # The fault is set once the brokers are up: their start-up calls (OAuth) stay fast, and
+        # only Director's endpoint is slowed, as a slow Director behind a healthy gateway is.
+        async with self.stack(spec, capacity=None, sim_latency=0.0) as run:
+            async with httpx.AsyncClient(timeout=30) as http:
+                await run.sim.patch_faults(
+                    http,
+                    latency={
+                        "fixed_seconds": low,
+                        "jitter_seconds": high - low,
+                        "endpoints": ["director"],
+                    },
+                )
+                m = await self._fleet(run, self.agents(run, tokens), deadline=deadline)
+                scrapes = await self._scrape_brokers(http, run)
+            integrity = await self._integrity(run)
+        fleet = m.fleet
+        calls = [c for c in run.sim.director_calls if c.at >= fleet.started_at]
+        return slow.result(
+            target="simulator",
+            commit=commit,
+            started=started,
+            n=n,
+            slots=self.plan.broker_concurrency,
+            latency=latency,
+            connected=fleet.connected,
+            seconds=stats.completion_time(
+                list(fleet.connected_at.values()), since=fleet.started_at, expected=n
+            ),
+            calls=slow.intervals((c.at, c.duration, c.operation) for c in calls),
+            since=fleet.started_at,
+            attempts=dict(fleet.attempts),
+            gauges=[dict(v) for v in scrapes.values()],
+            duplicates=integrity.duplicates,
+            load=(load_before, os.getloadavg()[0]),
+            note=note,
         )
 
     # -- steady state ---------------------------------------------------------------------

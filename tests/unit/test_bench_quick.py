@@ -50,6 +50,8 @@ def test_quick_run_writes_every_table_the_json_and_the_plots(tmp_path: Path) -> 
         body = text.split(section, 1)[1].split("\n## ", 1)[0]
         assert "Not run." not in body, section
         assert "|---|" in body, section
+    slow = text.split("## 12. A slow Director", 1)[1].split("<!-- bench.slow: end -->", 1)[0]
+    assert "| simulator |" in slow
     profile = text.split("## 8. Profile", 1)[1].split("\n## ", 1)[0]
     assert "| frame (own time) | share |" in profile
     # Duplicate registrations are a column of every fleet table: all zero.
