@@ -19,10 +19,16 @@ Refinements, each from a measurement (the decision records below):
 - The shift: reservations are placed with the latency known at the time. When Director serves
   slower than that, the first reservation that comes back to a queue longer than promised moves
   itself and every later one back by what the queue is late (`shift`), instead of each overdue
-  agent being sent away for a second and asking again.
+  agent being sent away for a second and asking again. A request deferred so is told when the
+  queue will be back within the promise, not aimed early (`Deferred.aim_early`).
+- The place kept: an admitted request that the slots cannot serve in time leaves the queue
+  (`DirectorLimiter`) with a reservation where its calls would have been served, after the
+  calls that stay and before the reservations made since (`hold_place`): placed after the last,
+  it left Director idle in between.
 - The cost of a call (`latency`) is the request's whole use of the slots, per call it reserved,
   as the broker experiences it: from each slot's grant to the answer parsed, summed over every
-  call the request makes, divided by the calls it reserved (`AdmittedRequests.finish`).
+  call the request makes, divided by the calls it reserved, or by those it made when it ended
+  before making them all (`AdmittedRequests.finish`).
 - The queue in front (`queued_calls`, from the caller) is counted in the same unit: what
   admitted requests reserved and their calls have not held yet, from the moment a request's
   first call asks for a slot to its end (`AdmittedRequests.ahead`), plus calls that belong to no
@@ -38,19 +44,23 @@ Holds: pure (the clock is an argument); no request waits longer than `max_wait` 
 reservation by the estimate, also one that comes back while the queue in front of Director is
 longer than the schedule expected; the order of reservations survives a shift; a key holds at
 most one reservation; a reservation expires `reservation_grace` after its start and is gone at
-the next `reserve` or reading of the gauges, so an agent that never comes back is neither waited
-for nor counted, and the shift returns to 0 once no reservation is left; while Director is down
-a reservation keeps its place until it starts; memory is bounded by the reservations not yet
-expired.
+the next `reserve` or reading of the gauges, whatever the order the reservations were made in,
+so an agent that never comes back is neither waited for nor counted, and the shift returns to 0
+once no reservation is left; while Director is down a reservation keeps its place until it
+starts; memory is bounded by the reservations not yet expired.
 Why: docs/design/0005-capacity-schedule-instead-of-a-queue.md,
 docs/design/0007-reserve-at-the-fastest-recent-call.md, docs/design/0008-shift-reservations.md,
 docs/design/0009-price-a-call-by-slot-time.md, docs/design/0010-queue-counted-from-first-call.md,
-docs/design/0014-request-deadline-from-arrival.md.
+docs/design/0014-request-deadline-from-arrival.md,
+docs/design/0015-keep-the-queue-to-what-director-serves.md.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -76,6 +86,11 @@ class Admitted:
 @dataclass(frozen=True)
 class Deferred:
     wait: float  # seconds until the reservation starts
+    # Whether the caller is told a time before the start (`retry_after.reservation_wait`), so
+    # that it is in the queue when its turn comes. Not when it is deferred because the queue is
+    # longer than promised: sent back early, it would find the queue as long and be deferred
+    # again (the shift below).
+    aim_early: bool = True
 
 
 Verdict = Admitted | Deferred
@@ -153,13 +168,17 @@ class AdmittedRequests:
                 self.started, self.spent_seconds = 0, 0.0  # no rounding left behind
         if request.calls == 0 or request.failed:
             return None
-        return request.slot_seconds / request.reserved
+        # Per reserved call, its look-ups included; one that ended before making every call it
+        # reserved (its token held back, or sent away) is priced by the calls it made, or the
+        # estimate would fall just when Director is slow enough to hold calls back.
+        return request.slot_seconds / min(request.calls, request.reserved)
 
 
 @dataclass
 class _Reservation:
     start: float  # when the reserved capacity starts, before the schedule's `shift`
     expires: float  # likewise
+    seq: int  # tells this reservation's entry in `CapacitySchedule._expiry` from stale ones
 
 
 @dataclass
@@ -174,9 +193,13 @@ class CapacitySchedule:
     reserved_until: float = 0.0
     shift: float = 0.0  # added to every reservation's start: how late Director is against them
     recent_calls: int = 32  # the fastest of this many recent calls spaces reservations far ahead
-    # Ordered by when each reservation was made, which is the order of their starts: `expire`
-    # reads the oldest in O(1) (a plain dict's first item is found past every deleted one).
-    _reservations: OrderedDict[str, _Reservation] = field(default_factory=OrderedDict)
+    _reservations: dict[str, _Reservation] = field(default_factory=dict)
+    # The reservations by expiry, soonest first, for `expire`. Not the order they were made in:
+    # a request sent out of the queue keeps its place before reservations made after it was
+    # admitted (`hold_place`). Entries of reservations dropped or replaced since are skipped
+    # when they come up, and the heap is rebuilt when they outnumber the live ones.
+    _expiry: list[tuple[float, int, str]] = field(default_factory=list)
+    _seq: Iterator[int] = field(default_factory=itertools.count)
     _recent: deque[float] = field(default_factory=deque)
 
     def seconds_per_call(self) -> float:
@@ -187,6 +210,11 @@ class CapacitySchedule:
         the average."""
         fastest = min(self._recent, default=self.latency)
         return min(fastest, self.latency) / max(self.capacity, 1)
+
+    def slowest_recent_call(self) -> float:
+        """The slowest of the recent calls, never faster than the average: what a call is
+        priced at when the question is whether it surely ends in time."""
+        return max(max(self._recent, default=self.latency), self.latency)
 
     def reserve(
         self,
@@ -232,7 +260,7 @@ class CapacitySchedule:
                     if late > 0:
                         self.shift += late
                         self.reserved_until += late
-                    return Deferred(wait=reservation.start + self.shift - now)
+                    return Deferred(wait=reservation.start + self.shift - now, aim_early=False)
                 self._drop(key)  # its capacity was reserved when it was deferred
                 if not_before is None:
                     return Admitted()
@@ -246,12 +274,35 @@ class CapacitySchedule:
             return Admitted()
         if not_before is not None:
             start = max(start, not_before)
-        wait = start - now
         self.reserved_until = start + calls * spacing
-        self._reservations[key] = _Reservation(
-            start=start - self.shift, expires=start + self.reservation_grace - self.shift
+        self._put(key, start)
+        return Deferred(wait=start - now)
+
+    def hold_place(self, key: str, *, calls: int, now: float, queued_calls: float) -> Deferred:
+        """A reservation for an admitted request of `calls` calls sent out of the queue in front
+        of Director (it could not be served in time): it starts where the `queued_calls` that
+        stay in front of it end, at the spacing of every reservation. Its calls were in that
+        queue when the reservations made since were placed, so its place is before theirs, not
+        after the last: placed after the last, it left a gap in which Director was idle while
+        the agents waited for their turn (issue 35)."""
+        spacing = self.seconds_per_call_ahead()
+        start = now + max(queued_calls, 0.0) * spacing
+        self.reserved_until = max(self.reserved_until, start + calls * spacing)
+        self._put(key, start)
+        return Deferred(wait=start - now)
+
+    def _put(self, key: str, start: float) -> None:
+        """`key`'s reservation from `start` (shift included), in place of any it held."""
+        reservation = _Reservation(
+            start=start - self.shift,
+            expires=start + self.reservation_grace - self.shift,
+            seq=next(self._seq),
         )
-        return Deferred(wait=wait)
+        self._reservations[key] = reservation
+        heapq.heappush(self._expiry, (reservation.expires, reservation.seq, key))
+        if len(self._expiry) > 2 * len(self._reservations) + 64:
+            self._expiry = [(r.expires, r.seq, k) for k, r in self._reservations.items()]
+            heapq.heapify(self._expiry)
 
     def _admissible(
         self, now: float, queued_calls: float, calls: int, deadline: float | None
@@ -279,13 +330,16 @@ class CapacitySchedule:
         return len(self._reservations)
 
     def expire(self, now: float) -> None:
-        """Drops the reservations of agents that did not come back within the grace, oldest
-        first: reservations are made in the order of their starts, so the first one still
-        valid ends the walk (amortised O(1) per call). Called on every `reserve` and before the
-        gauges are read, so that the reservations and the shift an operator sees are those of
-        agents that may still come, also when no request has arrived since."""
-        while self._reservations:
-            key, reservation = next(iter(self._reservations.items()))
-            if now <= reservation.expires + self.shift:
-                return
-            self._drop(key)
+        """Drops the reservations of agents that did not come back within the grace, soonest
+        expiry first, up to the first one still valid (O(log n) per reservation dropped).
+        Called on every `reserve` and before the gauges are read, so that the reservations and
+        the shift an operator sees are those of agents that may still come, also when no
+        request has arrived since."""
+        while self._expiry:
+            expires, seq, key = self._expiry[0]
+            reservation = self._reservations.get(key)
+            if reservation is not None and reservation.seq == seq:
+                if now <= expires + self.shift:
+                    return
+                self._drop(key)
+            heapq.heappop(self._expiry)

@@ -14,8 +14,11 @@ schedule's reservations), plus the calls outside any request that wait and the f
 promised; each request's slot time, grant to answer over all its calls, per call it reserved, is
 what the schedule measures; the second call of a request that already holds Director's
 attention (the token after a registration) is served before first calls, so admitted requests
-finish in the time promised; a call that still waits longer than twice the queue timeout for a
-slot gets `CompassUnavailable`; a call whose caller has hung up by the time it gets a slot does
+finish in the time promised; a request's first call that by the estimate will not get a slot
+before its slot timeout, or whose request will not end by its deadline, is sent out of the queue
+as soon as the estimate shows it, with a reservation where its calls would have been served
+(`_shed`); a call that still waits longer than twice the queue timeout for a slot gets
+`CompassUnavailable`; a call whose caller has hung up by the time it gets a slot does
 not leave (`CallerGone`): after a restart thousands of agents time out while their requests
 queue, and each of those calls would spend Director's time (and a one-time token) on nobody
 while the agents that stayed wait; likewise a call for a caller still there leaves only when
@@ -23,7 +26,8 @@ its answer can reach the caller before the request's deadline (`reserve`): other
 is told when to come back for it, with a reservation.
 Why: docs/design/0010-queue-counted-from-first-call.md,
 docs/design/0011-calls-outside-requests-in-the-queue.md,
-docs/design/0014-request-deadline-from-arrival.md.
+docs/design/0014-request-deadline-from-arrival.md,
+docs/design/0015-keep-the-queue-to-what-director-serves.md.
 """
 
 from __future__ import annotations
@@ -76,6 +80,12 @@ _SERVED: contextvars.ContextVar[_Served | None] = contextvars.ContextVar(
 )
 
 
+def _calls(request: AdmittedRequest | None) -> int:
+    """The calls a waiting call stands for: its request's, for a request's first call (its
+    follow-ups are served right after it); itself, otherwise."""
+    return 1 if request is None else request.reserved
+
+
 class DirectorLimiter:
     def __init__(
         self,
@@ -88,13 +98,17 @@ class DirectorLimiter:
     ) -> None:
         self._policy = policy
         self._breaker = cb.Breaker()
-        self._slots = PrioritySlots(max_concurrency, clock)
+        # A waiting first call is tagged with its request, so that it can be sent away with a
+        # reservation when the schedule sees it cannot be served in time (`_shed`).
+        self._slots: PrioritySlots[AdmittedRequest] = PrioritySlots(max_concurrency, clock)
         self._queue_timeout = queue_timeout
+        self._slot_wait = 2 * queue_timeout  # the longest an admitted call waits for a slot
         self._clock = clock
         self._on_state = on_state
         self.schedule = CapacitySchedule(capacity=max_concurrency, max_wait=queue_timeout)
-        # Admitted calls that still found no slot in time: the schedule's estimate was short
-        # (the answer is a 503 compass-unavailable, as for an open breaker, so count it apart).
+        # Admitted calls that found no slot in time, or were sent out of the queue because they
+        # would not (`_shed`): the schedule's estimate was short (the answer is a 503
+        # compass-unavailable, as for an open breaker, so count it apart).
         self._slot_timeouts = 0
         # Calls for a waiting caller held back because their answer would come after the
         # caller's deadline (answered 503 capacity-booked, with a reservation for the call).
@@ -153,8 +167,8 @@ class DirectorLimiter:
         verdict = self.schedule.reserve(
             key, calls=calls, now=now, queued_calls=self._queued_calls(), not_before=probe_at
         )
-        wait = verdict.wait if isinstance(verdict, Deferred) else probe_at - now
-        raise CompassDown("circuit breaker open", retry_after=self._reservation_wait(wait))
+        told = self._told(verdict) if isinstance(verdict, Deferred) else probe_at - now
+        raise CompassDown("circuit breaker open", retry_after=told)
 
     def reserve(self, key: str, *, calls: int, deadline: float | None = None) -> None:
         """Admits a request of `calls` Director calls for `key`, or raises `CapacityReserved`.
@@ -169,9 +183,7 @@ class DirectorLimiter:
             deadline=deadline,
         )
         if isinstance(verdict, Deferred):
-            raise CapacityReserved(
-                "Director capacity is booked", retry_after=self._reservation_wait(verdict.wait)
-            )
+            raise CapacityReserved("Director capacity is booked", retry_after=self._told(verdict))
         self._track(calls, key=key, deadline=deadline)
 
     def _track(self, calls: int, *, key: str, deadline: float | None) -> None:
@@ -196,10 +208,109 @@ class DirectorLimiter:
             return
         sample = self._admitted.finish(request)
         if sample is not None:
-            self.schedule.observe(sample)
+            self._observe(sample)
+
+    def _observe(self, sample: float) -> None:
+        before = self.schedule.latency
+        self.schedule.observe(sample)
+        if self.schedule.latency > before:  # a waiter's grant moves later only if it rose
+            self._shed()
+
+    def _shed(self) -> None:
+        """Sends away, each with a reservation where its calls would have been served, the
+        waiting first calls that by the estimate will not get a slot before their slot timeout,
+        or whose request will not end by its caller's deadline. Called whenever the estimate
+        rises.
+
+        Why: a request is admitted on the estimate of the moment. When Director turns slow, or
+        a cold start meets a slow Director before any call of it was measured, the requests
+        admitted at the old price hold the queue in front of the slots far beyond its promise.
+        Left there, each waited out its slot timeout, got 503 with a second's Retry-After and
+        came back to the end of the schedule, while the schedule had counted it in the queue and
+        placed every reservation behind it: when they left, Director sat idle until those
+        reservations began (issue 35: 45 s of a 213-226 s cold start of 200 runtimes against a
+        Director made slow to 3-5 s a call; docs/design/0015). Sent away as soon as the
+        estimate shows it, each keeps its place (`CapacitySchedule.hold_place`), and the queue
+        the schedule counts is the one the slots will serve.
+
+        Whether a request ends by its deadline is judged at the slowest recent call: kept on
+        the average, the requests that then ran late left the queue empty while the agents
+        sent away earlier were not back yet (in the virtual-time model with the broker's own
+        work before a call, 6 of 16 runs had a second below 80 % of the slots in flight; at the
+        slowest, none). Kept: the calls of no request (nobody to tell a time); follow-ups (the
+        token after a registration goes first, and is held to its deadline when it has its
+        slot, `_refuse_if_late`).
+
+        The answer is the slot timeout's, 503 `compass-unavailable` (counted with them), with
+        the reservation in Retry-After and no jitter (`CompassDown`): a registration refused
+        so is known not to have left (`classification.may_have_written`), and the agent's
+        next request registers without a look-up."""
+        now = self._clock()
+        price = self.schedule.latency
+        per_slot = price / max(self._slots.capacity, 1)
+        slowest = self.schedule.slowest_recent_call()  # whether it surely ends in time
+        # Mostly nothing leaves: the last waiter's grant before every waiter's limit, checked
+        # without sorting the queue (this runs at every rise of the estimate).
+        last = now + self._queued_calls() * per_slot
+        if all(
+            last <= waiter.since + self._slot_wait
+            and (
+                waiter.tag.deadline is None
+                or last + waiter.tag.reserved * slowest <= waiter.tag.deadline
+            )
+            for waiter in self._slots.queue(ordered=False)
+            if waiter.tag is not None
+        ):
+            return
+        queue = self._slots.queue()
+        # Work in front of the first waiter, in calls: those in flight and the follow-ups they
+        # owe, which go before every first call.
+        work = max(0.0, self._queued_calls() - sum(_calls(w.tag) for w in queue))
+        leaving = []
+        for waiter in queue:
+            request = waiter.tag
+            if request is not None and not request.finished:
+                granted = now + work * per_slot
+                if granted > waiter.since + self._slot_wait or (
+                    request.deadline is not None
+                    and granted + request.reserved * slowest > request.deadline
+                ):
+                    leaving.append(waiter)
+                    continue
+            work += _calls(request)
+        if not leaving:
+            return
+        for waiter in leaving:  # out of the queue first: each reservation is placed after it
+            assert waiter.tag is not None
+            self._admitted.finish(waiter.tag)
+        before = self._queued_calls()  # the queue that stays: served before those leaving
+        for waiter in leaving:
+            request = waiter.tag
+            assert request is not None
+            wait = self.schedule.hold_place(
+                request.key, calls=request.reserved, now=now, queued_calls=before
+            ).wait
+            before += request.reserved
+            self._slot_timeouts += 1
+            self._slots.refuse(
+                waiter,
+                CompassDown(
+                    "Director's slots cannot serve this call in time: come back at its reservation",
+                    retry_after=self._reservation_wait(wait),
+                ),
+            )
+        log.info(
+            "Director calls sent away with a reservation: the slots cannot serve them in time",
+            extra={"calls": len(leaving), "estimate_seconds": round(price, 3)},
+        )
 
     def _reservation_wait(self, wait: float) -> float:
         return reservation_wait(wait, max_wait=self._queue_timeout)
+
+    def _told(self, verdict: Deferred) -> float:
+        """The wait a deferred caller is told: aimed early at its reservation, unless it was
+        deferred because the queue is longer than promised (see `Deferred.aim_early`)."""
+        return self._reservation_wait(verdict.wait) if verdict.aim_early else verdict.wait
 
     async def call(
         self,
@@ -228,7 +339,7 @@ class DirectorLimiter:
             self._admitted.asking(request)  # in the queue in front of Director from now on
         self._owed_follow_ups += owed
         try:
-            granted = await self._slot(follow_up=follow_up, reserved=request is not None)
+            granted = await self._slot(follow_up=follow_up, request=request)
             try:
                 if not cb.may_leave_queue(self._breaker, probe=probe):
                     raise CompassUnavailable(
@@ -288,20 +399,23 @@ class DirectorLimiter:
             retry_after=self._reservation_wait(wait),
         )
 
-    async def _slot(self, *, follow_up: bool, reserved: bool) -> float:
+    async def _slot(self, *, follow_up: bool, request: AdmittedRequest | None) -> float:
         """Waits for a slot (follow-ups first); answers when it was granted."""
-        waiting = int(not reserved)
+        waiting = int(request is None)
         self._unreserved_waiting += waiting
+        first = request is not None and not follow_up and request.calls == 0
         try:
             return await self._slots.acquire(
-                FOLLOW_UP if follow_up else FIRST_CALL, 2 * self._queue_timeout
+                FOLLOW_UP if follow_up else FIRST_CALL,
+                self._slot_wait,
+                request if first else None,
             )
         except TimeoutError:
             self._slot_timeouts += 1
             log.info(
                 "Director call found no slot in time",
                 extra={
-                    "waited_seconds": 2 * self._queue_timeout,
+                    "waited_seconds": self._slot_wait,
                     "follow_up": follow_up,
                     "estimate_seconds": round(self.schedule.latency, 3),
                 },
@@ -326,7 +440,7 @@ class DirectorLimiter:
         if request is not None:
             self._admitted.spent(request, self._clock() - granted, ok=True)
         else:
-            self.schedule.observe(self._clock() - granted)
+            self._observe(self._clock() - granted)
         return result
 
     def _settle(self, verdict: Verdict | None, *, probe: bool, subject: str) -> None:

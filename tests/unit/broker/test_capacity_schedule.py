@@ -157,8 +157,11 @@ def test_a_reservation_waits_while_director_is_behind_the_schedule() -> None:
     cal, start = deferred()
     reserved = cal.reserved_until
     # Back at its reservation, but 48 calls (3 s) wait in front of Director, 2 s more than max_wait:
-    # admitted now it would wait longer than promised. Told to come back when it would not.
-    assert cal.reserve("late", calls=1, now=start, queued_calls=48) == Deferred(wait=2.0)
+    # admitted now it would wait longer than promised. Told to come back when it would not,
+    # that very time (not aimed early: it would find the queue as long).
+    assert cal.reserve("late", calls=1, now=start, queued_calls=48) == Deferred(
+        wait=2.0, aim_early=False
+    )
     assert cal.reservations() == 1
     # Back then, with the queue down to max_wait: admitted on its reservation, nothing
     # reserved twice (what is reserved after it moved back with it).
@@ -177,7 +180,9 @@ def test_when_director_falls_behind_every_later_wait_moves_back_in_order() -> No
     reserved = cal.reserved_until
     # Director served slower than reserved: rt-0 comes back at its reservation to a queue 2 s
     # past the promise. Its start and every later one move back by those 2 s.
-    assert cal.reserve("rt-0", calls=1, now=2.0, queued_calls=48) == Deferred(wait=2.0)
+    assert cal.reserve("rt-0", calls=1, now=2.0, queued_calls=48) == Deferred(
+        wait=2.0, aim_early=False
+    )
     assert cal.shift == 2.0
     assert cal.reserved_until == reserved + 2.0
     # rt-5, back at its old start, is told its moved start (not sent away for a second to ask
@@ -254,3 +259,48 @@ def test_a_request_already_past_its_deadline_is_deferred_even_with_director_idle
     assert verdict == Deferred(wait=0.0)
     assert cal.reservations() == 1
     assert cal.reserve("no-deadline", calls=1, now=5.0) == Admitted()
+
+
+def test_a_request_sent_out_of_the_queue_keeps_its_place_before_later_reservations() -> None:
+    cal = schedule()  # 1/16 s a call, max_wait 1 s
+    # Admitted while 8 calls (0.5 s) queued; then 24 more queued (2 s) and a newcomer got a
+    # reservation after them.
+    assert cal.reserve("admitted", calls=1, now=0.0, queued_calls=8) == Admitted()
+    assert cal.reserve("later", calls=1, now=0.0, queued_calls=32) == Deferred(wait=2.0)
+    reserved = cal.reserved_until
+    # Director turned slow: the admitted request leaves the queue, 8 calls staying in front
+    # of it. Its place is right after them, before the newcomer's, not after the last one.
+    assert cal.hold_place("admitted", calls=1, now=0.0, queued_calls=8) == Deferred(wait=0.5)
+    assert cal.reserved_until == reserved
+    assert cal.reserve("admitted", calls=1, now=0.5, queued_calls=8) == Admitted()
+    assert cal.reservations() == 1
+
+
+def test_reservations_expire_at_their_own_time_in_whatever_order_they_were_made() -> None:
+    cal = schedule()
+    assert cal.reserve("later", calls=1, now=0.0, queued_calls=32) == Deferred(wait=2.0)
+    assert cal.hold_place("earlier", calls=1, now=0.0, queued_calls=8) == Deferred(wait=0.5)
+    # "earlier" was made after "later" but starts before it: it expires first.
+    cal.expire(0.5 + cal.reservation_grace + 0.01)
+    assert list(cal._reservations) == ["later"]
+    cal.expire(2.0 + cal.reservation_grace + 0.01)
+    assert cal.reservations() == 0
+
+
+def test_reservations_made_again_and_again_keep_the_expiry_heap_bounded() -> None:
+    cal = schedule()
+    for i in range(10_000):
+        cal.hold_place(f"rt-{i % 3}", calls=1, now=float(i), queued_calls=1)
+    assert cal.reservations() == 3
+    assert len(cal._expiry) <= 2 * 3 + 64 + 1
+
+
+def test_whether_a_call_surely_ends_in_time_is_judged_at_the_slowest_recent_call() -> None:
+    cal = schedule()
+    assert cal.slowest_recent_call() == 0.125  # nothing measured: the first guess
+    for seconds in (3.0, 5.0, 4.0):
+        cal.observe(seconds)
+    assert cal.slowest_recent_call() == 5.0
+    for _ in range(cal.recent_calls):
+        cal.observe(0.01)
+    assert cal.slowest_recent_call() == cal.latency  # never faster than the average

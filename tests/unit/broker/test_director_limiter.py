@@ -9,7 +9,7 @@ import contextlib
 import pytest
 
 from control_plane_broker.director.classification import DirectorRetryable
-from control_plane_broker.errors import CapacityReserved, CompassUnavailable
+from control_plane_broker.errors import CapacityReserved, CompassDown, CompassUnavailable
 from control_plane_broker.overload import circuit_breaker as cb
 from control_plane_broker.overload.capacity_schedule import (
     Admitted,
@@ -155,6 +155,11 @@ def test_a_finished_request_costs_its_slot_time_per_call_it_reserved() -> None:
     assert admissions.outstanding == 1
     assert admissions.finish(other) is None  # no call made: nothing learnt of a call's cost
     assert admissions.outstanding == 0
+    # One that ended after one of its two calls (its token held back or sent away) is priced
+    # by the call it made, not half of it.
+    short = admissions.admit(2)
+    admissions.spent(short, 4.0, ok=True)
+    assert admissions.finish(short) == pytest.approx(4.0)
 
 
 def test_a_request_with_a_failed_call_teaches_nothing_but_is_no_longer_outstanding() -> None:
@@ -273,7 +278,9 @@ async def test_a_task_that_reserves_again_has_finished_its_last_request() -> Non
         g.reserve(f"rt-{i}", calls=2)
         await g.call(fn)
         assert g._admitted.outstanding == 2  # only the request it serves now
-    assert g.schedule.latency == pytest.approx(0.1 + 0.2 * (0.2 - 0.1) + 0.2 * (0.2 - 0.12))
+    # Each made one of the two calls it reserved: priced by the call it made (0.4 s), not
+    # half of it (the estimate fell just when Director was slow enough to hold calls back).
+    assert g.schedule.latency == pytest.approx(0.1 + 0.2 * (0.4 - 0.1) + 0.2 * (0.4 - 0.16))
 
 
 async def test_a_request_s_calls_are_not_owed_twice_nor_counted_as_unreserved() -> None:
@@ -417,3 +424,113 @@ def test_the_gauges_drop_reservations_of_agents_that_never_came_back_without_a_r
     # Nobody comes back, and no request arrives: at the next scrape they are gone.
     clock.now += g.schedule.reservation_grace + 2.0
     assert (g.snapshot().reservations, g.snapshot().shift_seconds) == (0, 0.0)
+
+
+async def test_first_calls_the_slots_cannot_serve_in_time_leave_at_once_keeping_their_place() -> (
+    None
+):
+    clock = Clock()
+    # One slot, a call waits at most 2 s for it; admitted at the first guess of 0.1 s a call.
+    g = limiter(clock, max_concurrency=1, queue_timeout=1.0)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:  # a call outside any request, on the slot
+        holding.set()
+        await release.wait()
+        clock.now += 1.0  # it took 1 s: the estimate becomes 0.28 s a call
+
+    served: list[str] = []
+
+    async def request(key: str) -> None:
+        g.reserve(key, calls=2)
+
+        async def register() -> None:
+            served.append(key)
+
+        await g.call(register, then=1)
+
+    holder = asyncio.create_task(g.call(hold))
+    await holding.wait()
+    tasks = {key: asyncio.create_task(request(key)) for key in ("a", "b", "c", "d")}
+    await until(lambda: g.snapshot().waiting == 4)
+    release.set()
+    await holder
+    # At 0.28 s a call, a and b (4 calls) are served within 2 s of their wait; c and d would
+    # wait longer. They leave now, not after 2 s, each with a reservation right after the
+    # queue that stays, in their order: c after a and b's 4 calls, d after c's 2.
+    for key in ("c", "d"):
+        with pytest.raises(CompassDown) as info:
+            await tasks[key]
+        assert (info.value.slug, info.value.spread) == ("compass-unavailable", False)
+    await asyncio.gather(tasks["a"], tasks["b"])
+    assert served == ["a", "b"]
+    spacing = 0.1 + 0.2 * (1.0 - 0.1)  # the estimate after the 1 s call, its fastest too
+    starts = {k: r.start for k, r in g.schedule._reservations.items()}
+    assert starts == pytest.approx({"c": 101.0 + 4 * spacing, "d": 101.0 + 6 * spacing})
+    assert g.snapshot().slot_timeouts == 2
+    assert g.snapshot().waiting == 0
+    # Back at its reservation, c is admitted on it: nothing reserved twice.
+    clock.now = starts["c"]
+    g.reserve("c", calls=2)
+    assert g.schedule.reservations() == 1
+
+
+async def test_a_request_that_would_not_surely_end_by_its_deadline_leaves_the_queue() -> None:
+    clock = Clock()
+    g = limiter(clock, max_concurrency=1, queue_timeout=10.0)  # no slot timeout in sight
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        holding.set()
+        await release.wait()
+        clock.now += 1.0  # 0.28 s a call on average now, the slowest recent call 1 s
+
+    async def request(key: str) -> None:
+        g.reserve(key, calls=2, deadline=103.0)
+
+        async def register() -> None:
+            return None
+
+        await g.call(register, then=1)
+
+    holder = asyncio.create_task(g.call(hold))
+    await holding.wait()
+    tasks = {key: asyncio.create_task(request(key)) for key in ("a", "b")}
+    await until(lambda: g.snapshot().waiting == 2)
+    release.set()
+    await holder
+    await tasks["a"]  # its two calls end by 103 even at the slowest call: 101 + 2 x 1 s
+    # b's slot comes at 101.56: its calls end at 102.12 on the average, 103.56 at the slowest.
+    # Kept on the average and then late, it would leave the queue empty later; it leaves now.
+    with pytest.raises(CompassDown):
+        await tasks["b"]
+
+
+async def test_a_follow_up_is_not_sent_out_of_the_queue() -> None:
+    clock = Clock()
+    g = limiter(clock, max_concurrency=1, queue_timeout=1.0)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        holding.set()
+        await release.wait()
+        clock.now += 1.0
+
+    async def token() -> str:
+        return "token"
+
+    async def request() -> str:
+        # Its deadline is too near for two calls at the estimate to come: a first call would
+        # leave the queue. The token of a request that registered goes first anyway, and is
+        # held to the deadline when it has a slot (`_refuse_if_late`, with a caller to ask).
+        g.reserve("rt", calls=2, deadline=clock.now + 0.5)
+        return await g.call(token, follow_up=True)
+
+    holder = asyncio.create_task(g.call(hold))
+    await holding.wait()
+    task = asyncio.create_task(request())
+    await until(lambda: g.snapshot().waiting == 1)
+    release.set()
+    await holder
+    assert await task == "token"
+    assert g.snapshot().slot_timeouts == 0

@@ -66,3 +66,25 @@ async def test_a_slot_granted_to_a_cancelled_waiter_is_passed_on() -> None:
     assert slots.waiting == 0
     slots.release()
     await slots.acquire(FIRST_CALL, 0.0)  # exactly one slot, free again
+
+
+async def test_a_refused_waiter_raises_its_error_and_its_place_goes_to_the_next() -> None:
+    slots: PrioritySlots[str] = PrioritySlots(1)
+    await slots.acquire(FIRST_CALL, 1.0)
+    first = asyncio.create_task(slots.acquire(FIRST_CALL, 5.0, "first"))
+    await until(lambda: slots.waiting == 1)
+    follow = asyncio.create_task(slots.acquire(FOLLOW_UP, 5.0, "follow-up"))
+    second = asyncio.create_task(slots.acquire(FIRST_CALL, 5.0, "second"))
+    await until(lambda: slots.waiting == 3)
+    assert [w.tag for w in slots.queue()] == ["follow-up", "first", "second"]  # service order
+    slots.refuse(slots.queue()[1], LookupError("sent away"))
+    with pytest.raises(LookupError, match="sent away"):
+        await first
+    assert (slots.waiting, [w.tag for w in slots.queue()]) == (2, ["follow-up", "second"])
+    slots.release()
+    await follow  # the slot goes on as if the refused waiter had never been there
+    slots.release()
+    await second
+    assert slots.taken == 1
+    slots.release()
+    assert (slots.taken, slots.waiting) == (0, 0)
