@@ -24,6 +24,10 @@ queue, and each of those calls would spend Director's time (and a one-time token
 while the agents that stayed wait; likewise a call for a caller still there leaves only when
 its answer can reach the caller before the request's deadline (`reserve`): otherwise the caller
 is told when to come back for it, with a reservation.
+
+Also holds, for the operator: one WARNING per transition, never one per call: the breaker
+opened (with the failure that tripped it) and closed again; Director unreachable (transport
+failures in a row, as many as open the breaker) and reachable again (`_Signal`).
 Why: docs/design/0010-queue-counted-from-first-call.md,
 docs/design/0011-calls-outside-requests-in-the-queue.md,
 docs/design/0014-request-deadline-from-arrival.md,
@@ -36,7 +40,9 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
+
+import httpx
 
 from control_plane_broker.director.classification import DirectorInternal, DirectorRetryable
 from control_plane_broker.errors import (
@@ -80,6 +86,84 @@ _SERVED: contextvars.ContextVar[_Served | None] = contextvars.ContextVar(
 )
 
 
+def _unreachable(error: BaseException | None) -> bool:
+    """Did the call fail without reaching Compass (refused, reset, timed out)? The Director
+    client raises `DirectorRetryable` from the transport error, for Director and for the OAuth
+    token endpoint alike."""
+    return isinstance(error, DirectorRetryable) and isinstance(
+        error.__cause__, httpx.TransportError
+    )
+
+
+def _described(error: BaseException | None) -> dict[str, Any]:
+    """An error as log fields: its class and message (the client's messages name the operation
+    and the cause, never a token; the log redacts token shapes besides)."""
+    if error is None:
+        return {}
+    return {"error": type(error).__name__, "cause": str(error)[:300]}
+
+
+class _Signal:
+    """The operator's view of Director, as WARNING lines on transitions only: a herd of
+    failing calls gives one line when the breaker opens and one when it closes, not one per
+    call (this module's lines about single calls are INFO or below)."""
+
+    def __init__(self, *, threshold: int, clock: Callable[[], float]) -> None:
+        self._threshold = max(threshold, 1)
+        self._clock = clock
+        self._opened_at = 0.0  # when the breaker left CLOSED
+        self._transport_failures = 0  # calls in a row that did not reach Compass
+        self._unreachable_since: float | None = None
+
+    def breaker(self, before: cb.State, after: cb.Breaker, cause: BaseException | None) -> None:
+        """The breaker went from `before` to `after`. Only leaving CLOSED and coming back to
+        it are told: in between, each open period ends in a probe that either closes it or
+        opens it again, and an outage would otherwise log a line per probe (DEBUG)."""
+        now = self._clock()
+        if before is cb.State.CLOSED:
+            self._opened_at = now
+            log.warning(
+                "circuit breaker opened: Director calls are refused, one probe per open period",
+                extra={"breaker": "open", "failures": after.failures, **_described(cause)},
+            )
+        elif after.state is cb.State.CLOSED:
+            log.warning(
+                "circuit breaker closed: a probe passed, Director calls go out again",
+                extra={"breaker": "closed", "open_seconds": round(now - self._opened_at, 1)},
+            )
+        else:
+            log.debug("circuit breaker %s", after.state.value, extra={"breaker": after.state.value})
+
+    def call_ended(self, error: BaseException | None) -> None:
+        """A call that left ended, with `error` or an answer (None). Unreachable after as many
+        transport failures in a row as open the breaker, so that one timeout among answers is
+        no transition; reachable again at the first call that reached Compass, whatever it
+        answered (a 503 is an answer)."""
+        if not _unreachable(error):
+            self._transport_failures = 0
+            if self._unreachable_since is not None:
+                log.warning(
+                    "Director reachable again",
+                    extra={
+                        "director": "reachable",
+                        "unreachable_seconds": round(self._clock() - self._unreachable_since, 1),
+                    },
+                )
+                self._unreachable_since = None
+            return
+        self._transport_failures += 1
+        if self._unreachable_since is None and self._transport_failures >= self._threshold:
+            self._unreachable_since = self._clock()
+            log.warning(
+                "Director unreachable: its calls fail in transport",
+                extra={
+                    "director": "unreachable",
+                    "failures": self._transport_failures,
+                    **_described(error),
+                },
+            )
+
+
 def _calls(request: AdmittedRequest | None) -> int:
     """The calls a waiting call stands for: its request's, for a request's first call (its
     follow-ups are served right after it); itself, otherwise."""
@@ -105,6 +189,7 @@ class DirectorLimiter:
         self._slot_wait = 2 * queue_timeout  # the longest an admitted call waits for a slot
         self._clock = clock
         self._on_state = on_state
+        self._signal = _Signal(threshold=policy.failure_threshold, clock=clock)
         self.schedule = CapacitySchedule(capacity=max_concurrency, max_wait=queue_timeout)
         # Admitted calls that found no slot in time, or were sent out of the queue because they
         # would not (`_shed`): the schedule's estimate was short (the answer is a 503
@@ -151,10 +236,15 @@ class DirectorLimiter:
             late_calls=self._late_calls,
         )
 
-    def _set(self, breaker: cb.Breaker) -> None:
-        if breaker.state is not self._breaker.state and self._on_state is not None:
-            self._on_state(breaker.state.value)
+    def _set(self, breaker: cb.Breaker, cause: BaseException | None = None) -> None:
+        """Every change of the breaker goes through here: `cause` is the failure that moved it."""
+        before = self._breaker.state
         self._breaker = breaker
+        if breaker.state is before:
+            return
+        if self._on_state is not None:
+            self._on_state(breaker.state.value)
+        self._signal.breaker(before, breaker, cause)
 
     def refuse_if_open(self, key: str, *, calls: int) -> None:
         """The cheap refusal: raises at once while the breaker would refuse a call anyway, with
@@ -330,6 +420,7 @@ class DirectorLimiter:
             raise CompassUnavailable("circuit breaker open", retry_after=permit.retry_after)
         probe = breaker.state is cb.State.HALF_OPEN
         verdict: Verdict | None = None  # None: no verdict on Director
+        error: BaseException | None = None
         served = _SERVED.get()
         request = served.request if served is not None else None
         if request is not None and request.finished:
@@ -357,21 +448,21 @@ class DirectorLimiter:
                 self._slots.release()
             verdict = "healthy"
             return result
-        except DirectorInternal:
-            verdict = "ambiguous"
+        except DirectorInternal as exc:
+            verdict, error = "ambiguous", exc
             raise
-        except DirectorRetryable:
-            verdict = "outage"
+        except DirectorRetryable as exc:
+            verdict, error = "outage", exc
             raise
         except (CompassUnavailable, CallerGone, CapacityReserved):
             # Our own queue timeout, breaker, a caller gone or late: no verdict on Director.
             raise
-        except Exception:
-            verdict = "healthy"  # a permanent answer: Director is up and talking
+        except Exception as exc:
+            verdict, error = "healthy", exc  # a permanent answer: Director is up and talking
             raise
         finally:
             self._owed_follow_ups -= owed
-            self._settle(verdict, probe=probe, subject=subject)
+            self._settle(verdict, probe=probe, subject=subject, error=error)
 
     def _refuse_if_late(self, request: AdmittedRequest) -> None:
         """Raises `CapacityReserved`, with a reservation for this call, when its answer would
@@ -443,11 +534,17 @@ class DirectorLimiter:
             self._observe(self._clock() - granted)
         return result
 
-    def _settle(self, verdict: Verdict | None, *, probe: bool, subject: str) -> None:
+    def _settle(
+        self, verdict: Verdict | None, *, probe: bool, subject: str, error: BaseException | None
+    ) -> None:
+        if verdict is not None:
+            self._signal.call_ended(error)
         if verdict == "outage":
-            self._set(cb.record_failure(self._breaker, self._policy, self._clock()))
+            self._set(cb.record_failure(self._breaker, self._policy, self._clock()), error)
         elif verdict == "ambiguous":
-            self._set(cb.record_ambiguous(self._breaker, self._policy, self._clock(), subject))
+            self._set(
+                cb.record_ambiguous(self._breaker, self._policy, self._clock(), subject), error
+            )
         elif verdict == "healthy" and self._breaker.state is not cb.State.OPEN:
             self._set(cb.record_success(self._breaker))
         elif verdict is None and probe and self._breaker.state is cb.State.HALF_OPEN:

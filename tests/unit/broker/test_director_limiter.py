@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from collections.abc import Awaitable, Callable
 
+import httpx
 import pytest
 
 from control_plane_broker.director.classification import DirectorRetryable
@@ -534,3 +537,119 @@ async def test_a_follow_up_is_not_sent_out_of_the_queue() -> None:
     await holder
     assert await task == "token"
     assert g.snapshot().slot_timeouts == 0
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "control_plane_broker.overload.director_limiter"
+        and r.levelno == logging.WARNING
+    ]
+
+
+def _breaker_limiter(clock: Clock) -> DirectorLimiter:
+    return DirectorLimiter(
+        policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=5),
+        max_concurrency=4,
+        queue_timeout=1.0,
+        clock=clock,
+    )
+
+
+async def _outcome(g: DirectorLimiter, fn: Callable[[], Awaitable[object]]) -> str:
+    try:
+        await g.call(fn)
+    except CompassUnavailable as exc:
+        return type(exc).__name__
+    return "ok"
+
+
+async def test_a_burst_of_failures_warns_once_when_the_breaker_opens_and_once_when_it_closes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="control_plane_broker.overload.director_limiter")
+    clock = Clock()
+    g = _breaker_limiter(clock)
+
+    async def failing() -> None:
+        raise DirectorRetryable("registerRuntime: HTTP 503: upstream connect error")
+
+    async def fine() -> None:
+        return None
+
+    # 20 failing calls: the third opens the breaker, the others are refused without a call.
+    outcomes = [await _outcome(g, failing) for _ in range(20)]
+    assert outcomes.count("DirectorRetryable") == 3
+    [opened] = _warnings(caplog)
+    assert opened.getMessage().startswith("circuit breaker opened")
+    assert (opened.breaker, opened.failures, opened.error) == ("open", 3, "DirectorRetryable")  # type: ignore[attr-defined]
+    assert opened.cause == "registerRuntime: HTTP 503: upstream connect error"  # type: ignore[attr-defined]
+    # The probe after the open period fails: the breaker opens again, told at DEBUG only.
+    clock.now += 5.0
+    assert await _outcome(g, failing) == "DirectorRetryable"
+    assert len(_warnings(caplog)) == 1
+    # The next probe passes: one line that it closed, none for the calls after it.
+    clock.now += 5.0
+    assert [await _outcome(g, fine) for _ in range(5)] == ["ok"] * 5
+    opened_again, closed = _warnings(caplog)
+    assert opened_again is opened
+    assert closed.getMessage().startswith("circuit breaker closed")
+    assert (closed.breaker, closed.open_seconds) == ("closed", 10.0)  # type: ignore[attr-defined]
+
+
+async def test_director_unreachable_and_reachable_again_are_told_once_each(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="control_plane_broker.overload.director_limiter")
+    clock = Clock()
+    g = _breaker_limiter(clock)
+    refused = httpx.ConnectError("[Errno 111] Connection refused")
+
+    async def unreachable() -> None:
+        raise DirectorRetryable("registerRuntime: ConnectError: Connection refused") from refused
+
+    async def fine() -> None:
+        return None
+
+    for _ in range(10):
+        await _outcome(g, unreachable)
+    clock.now += 5.0
+    await _outcome(g, unreachable)  # a probe that does not reach Director either
+    lines = [(r.getMessage().split(":")[0], getattr(r, "error", None)) for r in _warnings(caplog)]
+    assert lines == [
+        ("Director unreachable", "DirectorRetryable"),
+        ("circuit breaker opened", "DirectorRetryable"),
+    ]
+    clock.now += 5.0
+    for _ in range(3):
+        await _outcome(g, fine)
+    lines = [r.getMessage().split(":")[0] for r in _warnings(caplog)]
+    assert lines[2:] == ["Director reachable again", "circuit breaker closed"]
+    assert _warnings(caplog)[2].unreachable_seconds == 10.0  # type: ignore[attr-defined]
+
+
+async def test_a_timeout_now_and_then_or_failing_answers_are_not_director_unreachable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="control_plane_broker.overload.director_limiter")
+    clock = Clock()
+    g = _breaker_limiter(clock)
+    timeout = httpx.ReadTimeout("timed out")
+
+    async def timed_out() -> None:
+        raise DirectorRetryable("requestOneTimeTokenForRuntime: ReadTimeout") from timeout
+
+    async def fine() -> None:
+        return None
+
+    async def answered_503() -> None:
+        raise DirectorRetryable("registerRuntime: HTTP 503")
+
+    for _ in range(5):  # one timeout among answers: no transition
+        await _outcome(g, timed_out)
+        await _outcome(g, fine)
+    assert _warnings(caplog) == []
+    for _ in range(3):  # Director answers, with errors: the breaker opens, Director is reachable
+        await _outcome(g, answered_503)
+    assert [r.getMessage().split(":")[0] for r in _warnings(caplog)] == ["circuit breaker opened"]
