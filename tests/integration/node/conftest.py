@@ -21,6 +21,15 @@ from devenv.clusters import kyma_crds
 from devenv.node import NodeCluster, start_node_cluster, unavailable_reason
 from devenv.node import images as node_images
 
+# The broker's own harness (KCP seeding, Compass simulator, broker process), for the agent pod.
+from tests.integration.broker.conftest import (  # noqa: F401 - fixtures are found by name
+    broker_crds,
+    brokers,
+    creds_file,
+    kcp_ns,
+    sim,
+)
+
 UNAVAILABLE = unavailable_reason()
 
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}

@@ -1,0 +1,272 @@
+"""The agent as a real pod (issue 41, item 3): `helm install charts/compass-agent` on a runtime
+cluster with a real node, from the project's image (devenv/image.py, imported with ctr).
+
+The broker runs as a local process, as the other integration tests start it, in `tokenreview`
+identity mode: it verifies the agent's kubelet-projected token (audience compass-broker) with a
+TokenReview on the node cluster's API server, through the kubeconfig Secret seeded in the
+control plane. It listens on the pod bridge's host address, where the pod reaches it.
+
+- The module enabled on the runtime's Kyma -> the pod proves itself -> the broker verifies it and
+  registers the runtime -> kyma-system/compass-agent-configuration is written -> the Deployment
+  is Available.
+- The pod deleted in the middle of its pull (Director slow) -> its successor, made by the
+  ReplicaSet, finishes: one registration, at most one extra token.
+- Readiness follows the broker: broker stopped while the agent must pull -> the Deployment
+  Available=False; the broker back on the same address -> Available=True, and the secret written.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from devenv import image
+from devenv.clusters import Binaries, TestCluster, free_port
+from devenv.compass_sim.faults import Latency
+from devenv.node import HOST_IP, NodeCluster
+from tests.conftest import REPO_ROOT
+from tests.integration.broker.conftest import (
+    AGENT_NS,
+    AGENT_SA,
+    Broker,
+    BrokerFactory,
+    Runtime,
+    seed_runtime,
+)
+from tests.integration.node.conftest import deployment_condition, wait_until
+
+# Outside make test (which builds the image first) a changed tree builds it here: minutes.
+pytestmark = pytest.mark.timeout(900)
+
+CHART = REPO_ROOT / "charts" / "compass-agent"
+SECRET = "compass-agent-configuration"
+KYMA = ("operator.kyma-project.io", "v1beta2", "kymas")
+RELEASE = "compass-agent"
+
+
+@pytest.fixture
+def agent_image(node_cluster: NodeCluster) -> str:
+    """The project's image in the node's containerd (built by devenv/image.py, or its cache)."""
+    problem = image.builder_problem()
+    if problem is not None:
+        pytest.skip(f"no image builder can run here: {problem}")
+    name = image.image_name()
+    if name not in node_cluster.images():
+        try:
+            # make test built it before pytest: found by the hash of its inputs in a second.
+            archive = image.build_image()
+        except image.NoBuilder as exc:
+            pytest.skip(f"no image builder can run here: {exc}")
+        node_cluster.import_image(archive)
+    assert name in node_cluster.images()
+    return name
+
+
+@dataclass
+class NodeBroker(Broker):
+    """The broker on the bridge's host address (pods reach it there), on a port it keeps when
+    started again."""
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST_IP}:{self.port}"
+
+
+@dataclass
+class Installed:
+    node: NodeCluster
+    runtime: Runtime
+    broker: NodeBroker
+
+    @property
+    def cluster(self) -> TestCluster:
+        return self.node.cluster
+
+    @property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.cluster.api_client)
+
+    def available(self) -> str | None:
+        return deployment_condition(self.apps, AGENT_NS, RELEASE)
+
+    def secret(self) -> dict[str, str] | None:
+        try:
+            found = self.cluster.core.read_namespaced_secret(SECRET, AGENT_NS)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return {k: base64.b64decode(v).decode() for k, v in (found.data or {}).items()}
+
+    def pods(self) -> list[Any]:
+        return list(
+            self.cluster.core.list_namespaced_pod(
+                AGENT_NS, label_selector="app.kubernetes.io/name=compass-agent"
+            ).items
+        )
+
+    def enable_module(self) -> None:
+        body = {
+            "apiVersion": "operator.kyma-project.io/v1beta2",
+            "kind": "Kyma",
+            "metadata": {
+                "name": "default",
+                "namespace": AGENT_NS,
+                "labels": {"kyma-project.io/runtime-id": self.runtime.runtime_id},
+            },
+            "spec": {"channel": "regular", "modules": [{"name": "application-connector"}]},
+        }
+        self.cluster.custom.create_namespaced_custom_object(*KYMA[:2], AGENT_NS, KYMA[2], body)
+
+    def agent_logs(self) -> str:
+        logs = []
+        for pod in self.pods():
+            try:
+                logs.append(self.cluster.core.read_namespaced_pod_log(pod.metadata.name, AGENT_NS))
+            except ApiException as exc:
+                logs.append(f"({pod.metadata.name}: no log, {exc.status})")
+        return "\n".join(logs)[-4000:]
+
+
+def _helm(binaries: Binaries, node: NodeCluster, *args: str) -> str:
+    result = subprocess.run(
+        [str(binaries.helm), "--kubeconfig", str(node.cluster.kubeconfig_path), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture
+def installed(
+    binaries: Binaries,
+    node_cluster: NodeCluster,
+    agent_image: str,
+    control_plane: TestCluster,
+    kcp_ns: str,
+    brokers: BrokerFactory,
+) -> Iterator[Installed]:
+    cluster = node_cluster.cluster
+    cluster.create_namespace(AGENT_NS)
+    runtime = seed_runtime(control_plane, kcp_ns, cluster)
+    # seed_runtime makes the agent's ServiceAccount for process-level tests; here the chart does.
+    cluster.core.delete_namespaced_service_account(AGENT_SA, AGENT_NS)
+    broker = NodeBroker(
+        env=brokers.env(
+            BROKER_HOST=HOST_IP,
+            BROKER_PORT=str(free_port()),
+            BROKER_IDENTITY_MODE="tokenreview",
+            BROKER_DIRECTOR_TIMEOUT_SECONDS="10",
+        )
+    )
+    brokers.started.append(broker)
+    repository, _, tag = agent_image.rpartition(":")
+    _helm(
+        binaries,
+        node_cluster,
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        AGENT_NS,
+        "--set",
+        f"image.repository={repository}",
+        "--set",
+        f"image.tag={tag}",
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        f"broker.url=http://{HOST_IP}:{broker.env['BROKER_PORT']}",
+        "--set",
+        f"runtimeID={runtime.runtime_id}",
+        "--set",
+        "backoffCapSeconds=4",
+        "--wait=false",
+    )
+    state = Installed(node_cluster, runtime, broker)
+    try:
+        yield state
+    finally:
+        _helm(binaries, node_cluster, "uninstall", RELEASE, "--namespace", AGENT_NS, "--wait")
+        for delete in (
+            lambda: cluster.core.delete_namespaced_secret(SECRET, AGENT_NS),
+            lambda: cluster.custom.delete_namespaced_custom_object(
+                *KYMA[:2], AGENT_NS, KYMA[2], "default"
+            ),
+        ):
+            try:
+                delete()
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
+def test_the_agent_pod_connects_with_its_projected_token_and_readiness_follows_the_broker(
+    installed: Installed, sim: Any
+) -> None:
+    started = time.monotonic()
+    wait_until(lambda: installed.available() == "True", within=90, what="the agent Available")
+    print(f"agent Deployment Available {time.monotonic() - started:.1f}s after helm install")
+
+    # The module enabled while the broker is away: the agent must pull and gets no answer.
+    installed.enable_module()
+    wait_until(
+        lambda: installed.available() == "False",
+        within=60,
+        what="Available=False while the broker does not answer",
+    )
+    assert installed.secret() is None
+
+    # The broker comes (back) on the address the chart names: the projected token passes its
+    # TokenReview on the node cluster, the runtime is registered, the secret written.
+    installed.broker.start()
+    data = wait_until(installed.secret, within=60, what="compass-agent-configuration")
+    assert set(data) == {"CONNECTOR_URL", "TOKEN", "RUNTIME_ID", "TENANT"}
+    assert data["TENANT"] == installed.runtime.tenant
+    assert [r.id for r in sim.runtimes(installed.runtime.tenant)] == [data["RUNTIME_ID"]]
+    wait_until(
+        lambda: installed.available() == "True", within=60, what="Available again with the broker"
+    )
+    issued = [e for e in installed.broker.logs() if e.get("msg") == "token issued"]
+    assert [e["kyma"] for e in issued] == [installed.runtime.kyma_name]
+    assert installed.runtime.mapping() is not None
+
+
+def test_a_pod_deleted_mid_pull_is_succeeded_without_a_second_registration(
+    installed: Installed, sim: Any
+) -> None:
+    installed.broker.start()
+    wait_until(lambda: installed.available() == "True", within=90, what="the agent Available")
+    (first,) = installed.pods()
+    # Director slow: the pull is still going on when its pod goes.
+    sim.update_faults(latency=Latency(fixed_seconds=3.0))
+    installed.enable_module()
+    tenant = installed.runtime.tenant
+    wait_until(
+        lambda: sim.request_log(tenant=tenant),
+        within=60,
+        what="the broker at Director",
+        interval=0.1,
+    )
+    assert installed.secret() is None
+    installed.cluster.core.delete_namespaced_pod(first.metadata.name, AGENT_NS)
+
+    data = wait_until(installed.secret, within=90, what="the successor's secret")
+    successors = [p for p in installed.pods() if p.metadata.name != first.metadata.name]
+    assert successors, "no successor pod"
+    wait_until(lambda: installed.available() == "True", within=60, what="Available again")
+    sim.clear_faults()
+    assert [r.id for r in sim.runtimes(tenant)] == [data["RUNTIME_ID"]]
+    tokens = sim.connector_tokens(data["RUNTIME_ID"])
+    assert 1 <= len(tokens) <= 2, tokens
