@@ -294,7 +294,8 @@ def snapshot() -> HostSnapshot:
 def kill_node_processes(before: HostSnapshot, markers: Iterable[str]) -> list[str]:
     """SIGKILLs every process that is a node's and was not running before: pod processes (in a
     kubepods cgroup) and those whose argv names one of `markers` (the node's folder, its
-    containerd socket). Returns what it killed."""
+    containerd socket: the daemons, etcd, kube-apiserver and the shims). Returns what it
+    killed."""
     known = {int(line.split(" ", 1)[0]) for line in before.processes}
     markers = tuple(markers)
     killed = []
@@ -302,7 +303,7 @@ def kill_node_processes(before: HostSnapshot, markers: Iterable[str]) -> list[st
         if proc.pid in known or proc.pid == os.getpid():
             continue
         in_pod = "/kubepods" in proc.cgroup
-        named = proc.exe in NODE_EXECUTABLES and any(m in a for a in proc.argv for m in markers)
+        named = any(m in a for a in proc.argv for m in markers)
         if in_pod or named:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
