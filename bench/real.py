@@ -14,6 +14,10 @@ Two scenarios, chosen with `--scenarios` (default both):
   runtimes start cold through one broker: Director's calls in flight while work waits, and the
   time to all connected against the bound the latency allows (`bench.slow`, its own section of
   docs/benchmarks.md, the `real Director` row).
+- `cut`: N (default 200) runtimes start cold through one broker; once a quarter is registered
+  every database session Director holds is ended every 0.5 s for 20 s: Director calls per new
+  runtime, tokens per runtime, duplicates in Director's database (`bench.sessions_cut`, its own
+  section of docs/benchmarks.md).
 - `real`: Director's own capacity here first (register + token pairs per second sent straight
   to the gateway, at the brokers' concurrency and at C), then a cold start of N (default
   1,000) through one broker against the real Director: time to all connected against the
@@ -54,7 +58,7 @@ from typing import Any, cast
 import httpx
 
 from bench import plan as planning
-from bench import slow, stats
+from bench import sessions_cut, slow, stats
 from bench.keys import new_runtime_keys
 from bench.plan import RunSpec
 from bench.procs import CLOCK_TICKS, Child, CpuSnapshot, cpu_by_role
@@ -1021,6 +1025,69 @@ class RealBench:
         finally:
             compass.stop()
 
+    async def cut_real(self, n: int, *, commit: str, note: str = "") -> sessions_cut.CutRun:
+        """A cold start of n through one broker while Director's database sessions are ended
+        every 0.5 s for 20 s, from the moment a quarter of the fleet is registered."""
+        bench = self.bench
+        spec = RunSpec("cut-real", n, 0.0)
+        tokens = await bench.tokens_for(spec, bench.keys[:n])
+        compass = await asyncio.to_thread(self.start_compass, "cut-real", n)
+        cutter: Any = None
+        try:
+            started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+            before = compass.calls()
+            async with bench.stack(
+                spec, capacity=bench.plan.capacity, target=RealTarget.of(compass)
+            ) as run:
+
+                async def cut_when_a_quarter_is_registered() -> Any:
+                    while True:
+                        done = call_delta(before, compass.calls()).get("registerRuntime", 0)
+                        if done >= n // 4:
+                            self.progress.say(f"{done} registered: cutting Director's sessions")
+                            return compass.cut_sessions(
+                                every=sessions_cut.EVERY_SECONDS,
+                                for_seconds=sessions_cut.FOR_SECONDS,
+                            )
+                        await asyncio.sleep(0.05)
+
+                cutting = asyncio.create_task(cut_when_a_quarter_is_registered())
+                try:
+                    m = await bench._fleet(run, bench.agents(run, tokens), deadline=600.0)
+                finally:
+                    if not cutting.done():
+                        cutting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        cutter = await cutting
+                if cutter is not None:
+                    await asyncio.to_thread(cutter.wait)
+                calls = call_delta(before, compass.calls())
+                runtimes = await asyncio.to_thread(compass.runtimes, label_key=RUNTIME_ID_LABEL)
+            ours = registrations_of(runtimes, run.runtime_ids)
+            fleet = m.fleet
+            return sessions_cut.CutRun(
+                commit=commit,
+                started=started,
+                n=n,
+                every=sessions_cut.EVERY_SECONDS,
+                for_seconds=sessions_cut.FOR_SECONDS,
+                connected=fleet.connected,
+                seconds=stats.completion_time(
+                    list(fleet.connected_at.values()), since=fleet.started_at, expected=n
+                ),
+                rounds=cutter.rounds if cutter is not None else 0,
+                sessions_ended=cutter.terminated if cutter is not None else 0,
+                registrations=len(ours),
+                duplicates=duplicates_by_label(ours),
+                director_calls=dict(sorted(calls.items())),
+                attempts=dict(sorted(fleet.attempts.items())),
+                note=note,
+            )
+        finally:
+            if cutter is not None:
+                cutter.stop()
+            compass.stop()
+
     async def real_cold(self, n: int, *, pairs: int, report: RealReport) -> RealColdResult:
         bench = self.bench
         plan = bench.plan
@@ -1110,12 +1177,13 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--scenarios",
         default="lost,real",
-        help="lost, real, slow, comma-separated (default lost,real); `slow` alone with --docs "
-        "rewrites only its row of docs/benchmarks.md section 12",
+        help="lost, real, slow, cut, comma-separated (default lost,real); `slow` and `cut` "
+        "alone with --docs rewrite only their own sections of docs/benchmarks.md",
     )
     add("--lost-n", type=int, default=LOST_N, help=f"runtimes of `lost` (default {LOST_N})")
     add("--n", type=int, default=REAL_N, help=f"runtimes of the real cold start ({REAL_N})")
     add("--pairs", type=int, default=CAPACITY_PAIRS, help="pairs of the capacity measurement")
+    add("--cut-n", type=int, default=sessions_cut.DEFAULT_N, help="runtimes of `cut` (200)")
     add("--slow-n", type=int, default=slow.DEFAULT_N, help="runtimes of `slow` (default 200)")
     add(
         "--slow-latency",
@@ -1219,9 +1287,11 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
         args.lost_n if "lost" in chosen else 0,
         args.n if "real" in chosen else 0,
         args.slow_n if "slow" in chosen else 0,
+        args.cut_n if "cut" in chosen else 0,
         1,
     )
     slow_runs: list[slow.SlowRun] = []
+    cut_runs: list[sessions_cut.CutRun] = []
     raise_open_files_limit(n_max + 1024)
 
     def save() -> None:
@@ -1233,7 +1303,18 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
                 slow.merge_docs(
                     docs, slow_runs, report="benchmarks.md", data_file="benchmarks.json"
                 )
-        if chosen <= {"slow"}:
+        if cut_runs:
+            sessions_cut.merge_docs(
+                out_dir, cut_runs, report="benchmarks-cut.md", data_file="cut.json"
+            )
+            if args.docs:
+                sessions_cut.merge_docs(
+                    REPO_ROOT / "docs",
+                    cut_runs,
+                    report="benchmarks.md",
+                    data_file="benchmarks.json",
+                )
+        if chosen <= {"slow", "cut"}:
             return  # the section of the other scenarios stays as it was
         report.load_after = os.getloadavg()
         (out_dir / "benchmarks-real.json").write_text(json.dumps(to_json(report), indent=1) + "\n")
@@ -1282,6 +1363,15 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
                 await real.slow_real(
                     args.slow_n,
                     latency=(float(low), float(high or low)),
+                    commit=commit,
+                    note=f"uncommitted changes in {', '.join(uncommitted)}" if uncommitted else "",
+                )
+            )
+            save()
+        if "cut" in chosen:
+            cut_runs.append(
+                await real.cut_real(
+                    args.cut_n,
                     commit=commit,
                     note=f"uncommitted changes in {', '.join(uncommitted)}" if uncommitted else "",
                 )

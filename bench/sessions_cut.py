@@ -1,0 +1,166 @@
+"""The session-cut scenario (issue 40, item 4): what an uncertain answer costs.
+
+A cold start of N runtimes through one broker against the real Director while, once a quarter
+of the fleet is registered, every database session Director holds is ended every `every` s for
+`for_seconds` s (a failover, a restarted pooler). Director then answers some writing calls with
+code 10 although it committed them (`control_plane_broker.director.classification`), and the
+broker looks before it registers again. Measured: Director calls per new runtime, one-time
+tokens Director made per runtime, registrations and duplicates in Director's own database,
+and what the agents were answered.
+
+Pure: no I/O but `merge_docs`; `bench.real` runs it (`--scenarios cut`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SECTION_BEGIN = "<!-- bench.sessions_cut: begin (python -m bench.real --scenarios cut) -->"
+SECTION_END = "<!-- bench.sessions_cut: end -->"
+JSON_KEY = "sessions_cut"
+DEFAULT_N = 200
+EVERY_SECONDS = 0.5
+FOR_SECONDS = 20.0
+TOKEN = "requestOneTimeTokenForRuntime"
+
+
+@dataclass
+class CutRun:
+    commit: str
+    started: str
+    n: int
+    every: float
+    for_seconds: float
+    connected: int
+    seconds: float | None
+    rounds: int  # rounds of pg_terminate_backend
+    sessions_ended: int
+    registrations: int
+    duplicates: int
+    director_calls: dict[str, int]
+    attempts: dict[str, int] = field(default_factory=dict)  # answers the agents got, by kind
+    note: str = ""
+
+    @property
+    def calls_per_runtime(self) -> float | None:
+        return sum(self.director_calls.values()) / self.n if self.n else None
+
+    @property
+    def tokens_per_runtime(self) -> float | None:
+        return self.director_calls.get(TOKEN, 0) / self.n if self.n else None
+
+    @property
+    def refused(self) -> int:
+        return sum(v for k, v in self.attempts.items() if "compass-rejected" in k)
+
+    @property
+    def met(self) -> bool:
+        return self.connected == self.n and self.duplicates == 0 and self.refused == 0
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def render(runs: Sequence[CutRun]) -> str:
+    lines = [
+        "## 13. Director's database sessions cut during a cold start (issue 40)",
+        "",
+        "A cold start of N runtimes through one broker against the real Director; once a "
+        "quarter of them is registered, every database session Director holds is ended "
+        "(`pg_terminate_backend`) every 0.5 s for 20 s. Director answers code 10 to writing "
+        "calls it may have committed; the broker treats such an answer as lost: it looks the "
+        "runtime up before registering again, once per uncertain answer "
+        "([broker.md](broker.md#what-an-error-answer-proves-was-not-written)). Registrations "
+        "and duplicates are counted in Director's own database; calls and tokens at the "
+        "gateway in front of Director.",
+        "",
+        "Reproduce: `python -m bench.real --scenarios cut --docs` (needs the real Director's "
+        "source, docs/real-compass.md).",
+        "",
+        "| commit | started | N | connected | time to all | rounds / sessions ended "
+        "| registrations | duplicates | Director calls per runtime | tokens per runtime "
+        "| refused | calls | met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        calls = ", ".join(f"{k} {v}" for k, v in sorted(r.director_calls.items())) or "—"
+        lines.append(
+            f"| {r.commit} | {r.started} | {r.n} | {r.connected} | {_f(r.seconds, 1)} s "
+            f"| {r.rounds} / {r.sessions_ended} | {r.registrations} | {r.duplicates} "
+            f"| {_f(r.calls_per_runtime)} | {_f(r.tokens_per_runtime)} | {r.refused} "
+            f"| {calls} | {'yes' if r.met else 'no'} |"
+        )
+    notes = [r.note for r in runs if r.note]
+    if notes:
+        lines += ["", *(f"- {note}" for note in notes)]
+    lines += [
+        "",
+        "Without any fault a new runtime costs 2 Director calls (`registerRuntime`, "
+        "`requestOneTimeTokenForRuntime`) and 1 token; what is above that is the fault's price: "
+        "calls repeated after Director's refusals while its database was gone, and the "
+        "look-ups after uncertain answers.",
+    ]
+    return "\n".join(lines)
+
+
+def merge_section(text: str, section: str) -> str:
+    """`text` with the scenario's section replaced, or appended when it has none."""
+    block = f"{SECTION_BEGIN}\n{section.strip()}\n{SECTION_END}"
+    if SECTION_BEGIN in text and SECTION_END in text:
+        head, _, rest = text.partition(SECTION_BEGIN)
+        _, _, tail = rest.partition(SECTION_END)
+        return head + block + tail
+    return text.rstrip("\n") + "\n\n" + block + "\n"
+
+
+def from_json(data: Any) -> list[CutRun]:
+    """The runs a report's JSON kept under `JSON_KEY` (unreadable entries skipped)."""
+    names = {f.name for f in fields(CutRun)}
+    runs = []
+    for item in data.get("runs", []) if isinstance(data, Mapping) else []:
+        try:
+            runs.append(CutRun(**{k: v for k, v in item.items() if k in names}))
+        except TypeError:
+            continue
+    return runs
+
+
+def to_json(runs: Sequence[CutRun]) -> dict[str, Any]:
+    return {
+        "runs": [
+            {
+                **asdict(r),
+                "calls_per_runtime": _round(r.calls_per_runtime),
+                "tokens_per_runtime": _round(r.tokens_per_runtime),
+                "refused": r.refused,
+                "met": r.met,
+            }
+            for r in runs
+        ]
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def merge_docs(out_dir: Path, new: Sequence[CutRun], *, report: str, data_file: str) -> None:
+    """Adds `new` to the section and the JSON key of the report files in `out_dir` (the last
+    five runs are kept), leaving everything else in both files as it was."""
+    md_path, json_path = out_dir / report, out_dir / data_file
+    text = md_path.read_text() if md_path.exists() else "# Benchmarks\n"
+    try:
+        data = json.loads(json_path.read_text()) if json_path.exists() else {}
+    except ValueError:
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    runs = [*from_json(data.get(JSON_KEY)), *new][-5:]
+    data[JSON_KEY] = to_json(runs)
+    md_path.write_text(merge_section(text, render(runs)))
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
