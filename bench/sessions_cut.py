@@ -160,7 +160,10 @@ def merge_docs(out_dir: Path, new: Sequence[CutRun], *, report: str, data_file: 
         data = {}
     if not isinstance(data, dict):
         data = {}
-    runs = [*from_json(data.get(JSON_KEY)), *new][-5:]
+    # The same run saved twice (a report saved again at the end) is one row.
+    seen = {(r.commit, r.started, r.n) for r in new}
+    kept = [r for r in from_json(data.get(JSON_KEY)) if (r.commit, r.started, r.n) not in seen]
+    runs = [*kept, *new][-5:]
     data[JSON_KEY] = to_json(runs)
     md_path.write_text(merge_section(text, render(runs)))
     json_path.write_text(json.dumps(data, indent=1) + "\n")

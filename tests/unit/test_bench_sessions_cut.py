@@ -59,6 +59,11 @@ def test_merge_keeps_the_rest_of_the_docs_and_the_last_five_runs(tmp_path: Path)
     assert "| c6 |" in text
     assert "| c2 |" in text
     assert "| c1 |" not in text
+    # Saved again (the report is written at the end too): still one row.
+    sessions_cut.merge_docs(
+        tmp_path, [run(commit="c6")], report="benchmarks.md", data_file="benchmarks.json"
+    )
+    assert md.read_text().count("| c6 |") == 1
     saved = json.loads(data.read_text())
     assert saved["other"] == {"x": 1}
     assert [r["commit"] for r in saved[sessions_cut.JSON_KEY]["runs"]] == [
