@@ -149,9 +149,8 @@ class NodeCluster:
         """Per component: (current RSS, peak RSS) in KiB, from /proc/<pid>/status."""
         found = {}
         procs = dict(self._processes)
-        procs.update(
-            {"etcd": self.cluster._processes[0], "kube-apiserver": self.cluster._processes[-1]}
-        )
+        if len(self.cluster._processes) == 2:
+            procs["etcd"], procs["kube-apiserver"] = self.cluster._processes
         for name, proc in procs.items():
             values = {}
             with contextlib.suppress(OSError):
@@ -172,7 +171,10 @@ class NodeCluster:
         report: list[str] = []
         try:
             if self._processes and self.cluster.running:
-                report += _drain_pods(self)
+                try:
+                    report += _drain_pods(self)
+                except Exception as exc:  # stopping goes on: the restore below cleans up
+                    report.append(f"pods not drained: {exc!r}")
             for name in ("kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager"):
                 proc = self._processes.pop(name, None)
                 if proc is not None:
@@ -182,8 +184,9 @@ class NodeCluster:
                 clusters._terminate(proc)
             self.cluster.stop()
             if self._before is not None:
+                before, self._before = self._before, None
                 report += host.restore(
-                    self._before,
+                    before,
                     workdir=self.workdir,
                     markers=[str(self.containerd_socket)],
                     bridge=BRIDGE,
