@@ -327,9 +327,14 @@ class DirectorLimiter:
         the average, the requests that then ran late left the queue empty while the agents
         sent away earlier were not back yet (in the virtual-time model with the broker's own
         work before a call, 6 of 16 runs had a second below 80 % of the slots in flight; at the
-        slowest, none). Kept: the calls of no request (nobody to tell a time); follow-ups (the
-        token after a registration goes first, and is held to its deadline when it has its
-        slot, `_refuse_if_late`).
+        slowest, none). But the first waiters, as many as there are slots, stay whatever their
+        deadline: one call for each slot bridges the seconds an agent sent away needs to be
+        back (its Retry-After, its jitter, the broker's work before its call), also when the
+        calls in flight end together, as a cold start's first ones do; one that then runs late
+        has only its token held back (`_refuse_if_late`), its registration done (against the
+        simulator, a cold start had a second at 62 % when this queue ran dry). Kept too: the calls
+        of no request (nobody to tell a time); follow-ups (the token after a registration goes
+        first, and is held to its deadline when it has its slot).
 
         The answer is the slot timeout's, 503 `compass-unavailable` (counted with them), with
         the reservation in Retry-After and no jitter (`CompassDown`): a registration refused
@@ -357,6 +362,7 @@ class DirectorLimiter:
         # owe, which go before every first call.
         work = max(0.0, self._queued_calls() - sum(_calls(w.tag) for w in queue))
         leaving = []
+        staying = 0
         for waiter in queue:
             request = waiter.tag
             if request is not None and not request.finished:
@@ -364,9 +370,11 @@ class DirectorLimiter:
                 if granted > waiter.since + self._slot_wait or (
                     request.deadline is not None
                     and granted + request.reserved * slowest > request.deadline
+                    and staying >= self._slots.capacity
                 ):
                     leaving.append(waiter)
                     continue
+            staying += 1
             work += _calls(request)
         if not leaving:
             return

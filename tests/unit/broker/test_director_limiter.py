@@ -509,6 +509,39 @@ async def test_a_request_that_would_not_surely_end_by_its_deadline_leaves_the_qu
         await tasks["b"]
 
 
+async def test_as_many_waiters_as_slots_stay_whatever_their_deadline() -> None:
+    clock = Clock()
+    g = limiter(clock, max_concurrency=2, queue_timeout=10.0)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        holding.set()
+        await release.wait()
+        clock.now += 1.0
+
+    async def request(key: str) -> str:
+        g.reserve(key, calls=2, deadline=101.5)  # none of them can end by then
+
+        async def register() -> str:
+            return key
+
+        return await g.call(register, then=1)
+
+    holders = [asyncio.create_task(g.call(hold)) for _ in range(2)]
+    await holding.wait()
+    await until(lambda: g.snapshot().in_flight == 2)
+    tasks = {key: asyncio.create_task(request(key)) for key in ("a", "b", "c")}
+    await until(lambda: g.snapshot().waiting == 3)
+    release.set()
+    await asyncio.gather(*holders)
+    # One call for each slot stays: it keeps Director busy while those sent away come back
+    # (a late request only has its token held back, its registration done).
+    assert await tasks["a"] == "a"
+    assert await tasks["b"] == "b"
+    with pytest.raises(CompassDown):
+        await tasks["c"]
+
+
 async def test_a_follow_up_is_not_sent_out_of_the_queue() -> None:
     clock = Clock()
     g = limiter(clock, max_concurrency=1, queue_timeout=1.0)
