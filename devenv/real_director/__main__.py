@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 from .affinity import parse_cpus
+from .connector import ConnectorUnavailable
 from .stack import CompassSourceMissing, RealCompassError, start_real_compass
 
 EXIT_NO_SOURCE = 3
@@ -43,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         '{"status": 401} (refuse the client credentials, revoking its tokens) and '
         '<gateway>/_gateway/latency {"min": 0.1, "max": 0.5} (a slow Director). Source: '
         "COMPASS_SRC, else "
-        "../shared/compass-src/ (exit 3 when absent).",
+        "../shared/compass-src/ (exit 3 when absent; with --real-connector also when Oathkeeper "
+        "cannot be had from the Go module proxy).",
     )
     parser.add_argument(
         "--workdir",
@@ -77,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="write compass-manager's credentials file (data: client_id, client_secret, "
         "tokens_endpoint) here, for BROKER_DIRECTOR_CREDENTIALS_FILE",
+    )
+    parser.add_argument(
+        "--real-connector",
+        action="store_true",
+        help="also run the real Connector, hydrator and Oathkeeper (built once by "
+        "build-connector.sh; needs root and unshare), with our front for the "
+        "certificate-secured side; one-time tokens then name Oathkeeper's /connector/graphql",
     )
     parser.add_argument(
         "--cpus",
@@ -119,7 +128,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stack = None
     try:
         try:
-            stack = start_real_compass(workdir, connector_url=args.connector_url, cpus=args.cpus)
+            stack = start_real_compass(
+                workdir,
+                connector_url=args.connector_url,
+                cpus=args.cpus,
+                real_connector=args.real_connector,
+            )
             for external in args.global_account:
                 stack.add_global_account(external)
             for external, parent, region in subaccounts:
@@ -134,6 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except CompassSourceMissing as exc:
             print(f"real-director: {exc}", file=sys.stderr)
             return EXIT_NO_SOURCE
+        except ConnectorUnavailable as exc:
+            print(f"real-director: {exc}", file=sys.stderr)
+            return EXIT_NO_SOURCE if exc.source_missing else 1
         except RealCompassError as exc:
             print(f"real-director: {exc}", file=sys.stderr)
             return 1

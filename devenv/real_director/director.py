@@ -51,6 +51,13 @@ class DirectorConfig:
     token_url: str
     connector_url: str
     namespace: str
+    # Director's configuration file (scopes per operation); default: the tree's local one.
+    configuration_file: Path | None = None
+
+
+def local_configuration(source: Path) -> Path:
+    """The tree's configuration file for a local Director (`hack/config-local.yaml`)."""
+    return source / "components/director/hack/config-local.yaml"
 
 
 def _placeholder_files(folder: Path) -> dict[str, Path]:
@@ -94,7 +101,7 @@ def director_environment(
         # -- authentication: the gateway signs, Director verifies -------------------------
         "APP_JWKS_ENDPOINT": cfg.jwks_url,
         "APP_ALLOW_JWT_SIGNING_NONE": "false",
-        "APP_CONFIGURATION_FILE": str(cfg.source / "components/director/hack/config-local.yaml"),
+        "APP_CONFIGURATION_FILE": str(cfg.configuration_file or local_configuration(cfg.source)),
         "APP_OAUTH20_URL": nowhere,
         "APP_OAUTH20_PUBLIC_ACCESS_TOKEN_ENDPOINT": cfg.token_url,
         "APP_SUGGEST_TOKEN_HTTP_HEADER": "suggest_token",
@@ -226,6 +233,10 @@ class DirectorProcess:
     @property
     def graphql_url(self) -> str:
         return f"{self.url}/graphql"
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
     @property
     def pid(self) -> int | None:

@@ -581,6 +581,11 @@ class Gateway:
             self.remember_tenant(external, internal)
         return internal
 
+    def signing_key(self) -> tuple[rsa.RSAPrivateKey, str]:
+        """The key Director verifies JWTs with (its JWKS, `/.well-known/jwks.json`) and its
+        key ID: what Oathkeeper's id_token mutator signs with when the real one runs."""
+        return self._key, _KEY_ID
+
     def sign_for_runtime(self, tenant: dict[str, str], runtime_id: str) -> str:
         """A JWT for the runtime itself, as the hydrator makes one for a client certificate."""
         return self._sign(

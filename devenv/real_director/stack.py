@@ -34,8 +34,10 @@ import yaml
 from devenv.clusters import Binaries, TestCluster, find_binaries, start_cluster
 
 from . import affinity, postgres
+from . import connector as real_connector_module
+from .connector import ConnectorUnavailable, RealConnector, ReservedPorts
 from .db_faults import SessionCutter
-from .director import DirectorConfig, DirectorProcess, start_director
+from .director import DirectorConfig, DirectorProcess, local_configuration, start_director
 from .gateway import (
     CONNECTOR_PATH,
     GRAPHQL_PATH,
@@ -129,6 +131,8 @@ class RealCompass:
         self._gateway: Gateway | None = None
         self._database_stopped = False  # on purpose (`stop_database`), not died
         self._cutters: list[SessionCutter] = []
+        # The real Connector, hydrator and Oathkeeper, when started with `real_connector`.
+        self.real_connector: RealConnector | None = None
 
     # -- what clients need -----------------------------------------------------------------
 
@@ -172,6 +176,15 @@ class RealCompass:
             if self.database
             else "",
             "director_log": str(self.director_log),
+            **(
+                {
+                    "oathkeeper_url": self.real_connector.oathkeeper_url,
+                    "certificate_secured_url": self.real_connector.certificate_secured_url,
+                    "connector_logs": str(self.real_connector.workdir),
+                }
+                if self.real_connector is not None
+                else {}
+            ),
             "workdir": str(self.workdir),
             "pids": self.pids(),
         }
@@ -391,14 +404,29 @@ class RealCompass:
     def start_certificate_secured(self) -> str:
         """Serves the certificate-secured Connector and Director (mutual TLS with the
         certificates the gateway's Connector issues), whose URLs `configuration` then hands
-        out: what compass-runtime-agent syncs with after `Connected`. Returns its base URL."""
+        out: what compass-runtime-agent syncs with after `Connected`. Returns its base URL.
+        (The real Connector's certificate-secured side is `real_connector.front`, from the
+        start.)"""
         self.gateway.start_certificate_secured()
         side = self.gateway.certificate_secured_side
         assert side is not None
         return side.url
 
     def connector_exchanges(self, runtime_id: str) -> int:
-        """Tokens of this runtime spent at the gateway's Connector (one-time, then CSR)."""
+        """Tokens of this runtime spent at the Connector (one-time, then CSR): at the real one,
+        the tokens the hydrator resolved (its log) of this runtime's SystemAuths; else at the
+        gateway's."""
+        if self.real_connector is not None:
+            resolved = self.real_connector.resolved_tokens()
+            if not resolved:
+                return 0
+            ours = {
+                row[0]
+                for row in self.query(
+                    "SELECT id FROM system_auths WHERE runtime_id::text = :'id'", id=runtime_id
+                )
+            }
+            return sum(1 for auth in resolved if auth in ours)
         connector = self.gateway.connector
         return connector.spent(runtime_id) if connector is not None else 0
 
@@ -434,6 +462,7 @@ class RealCompass:
             and self.director_process.running
             and self.database is not None
             and (self.database.running or self._database_stopped)
+            and (self.real_connector is None or self.real_connector.running)
         )
 
     def pids(self) -> dict[str, int]:
@@ -443,16 +472,20 @@ class RealCompass:
             found["director"] = self.director_process.pid
         if self.database is not None and self.database.pid is not None:
             found["postgres"] = self.database.pid
+        if self.real_connector is not None:
+            found.update(self.real_connector.pids())
         if self._own_cluster and self.cluster is not None:
             for index, proc in enumerate(self.cluster._processes):
                 found[("etcd", "kube-apiserver")[index] if index < 2 else f"p{index}"] = proc.pid
         return found
 
     def stop(self) -> None:
-        """Stops what was started, callers first: gateway, Director, database, cluster."""
+        """Stops what was started, callers first: the real Connector's parts, gateway, Director,
+        database, cluster."""
         errors: list[BaseException] = []
         steps = [
             *(cutter.stop for cutter in self._cutters),
+            lambda: self.real_connector.stop() if self.real_connector is not None else None,
             lambda: self._gateway.stop_certificate_secured() if self._gateway is not None else None,
             lambda: self._gateway.stop() if self._gateway is not None else None,
             lambda: self.director_process.stop() if self.director_process is not None else None,
@@ -488,6 +521,8 @@ def start_real_compass(
     connector_url: str | None = None,
     director_folder: Path | None = None,
     cpus: Iterable[int] | None = None,
+    real_connector: bool = False,
+    connector_folder: Path | None = None,
 ) -> RealCompass:
     """Builds what is missing and starts the stack in `workdir` (logs, config, kubeconfig).
 
@@ -499,9 +534,24 @@ def start_real_compass(
     numbers PostgreSQL, Director and the gateway's thread run on (default: wherever the caller
     runs; devenv/real_director/affinity.py), e.g. to keep a benchmark's other processes off them.
 
-    Raises CompassSourceMissing when the source cannot be had, RealCompassError otherwise.
+    `real_connector`: the real Connector, hydrator and Oathkeeper, with the front for the
+    certificate-secured side (devenv/real_director/connector.py), built when missing
+    (`connector_folder`: build-connector.sh's output, when the caller ran it). One-time tokens
+    then name Oathkeeper's `/connector/graphql` as their `connectorURL` unless `connector_url`
+    says otherwise. Needs root and unshare(1): ConnectorUnavailable says why not.
+
+    Raises CompassSourceMissing when the source cannot be had, ConnectorUnavailable when the real
+    Connector cannot run here, RealCompassError otherwise.
     """
     pin = affinity.checked(cpus)
+    reserved: ReservedPorts | None = None
+    if real_connector:
+        reason = real_connector_module.why_not_here()
+        if reason is not None:
+            raise ConnectorUnavailable(reason)
+        connector_folder = connector_folder or real_connector_module.build_connector()
+        reserved = ReservedPorts()
+        connector_url = connector_url or real_connector_module.connector_url(reserved.ports)
     workdir.mkdir(parents=True, exist_ok=True)
     folder = director_folder or build_director()
     source = folder / "compass"
@@ -544,6 +594,10 @@ def start_real_compass(
         stack.connector_url = connector_url or f"{gateway.url}{CONNECTOR_PATH}"
 
         phase = time.monotonic()
+        # Shared by Director and the hydrator: the local file as Compass's chart extends it.
+        configuration = real_connector_module.director_configuration(
+            local_configuration(source), workdir / "config" / "director-config.yaml"
+        )
         stack.director_process = affinity.started_on(
             pin,
             start_director,
@@ -557,17 +611,39 @@ def start_real_compass(
                 token_url=stack.token_url,
                 connector_url=stack.connector_url,
                 namespace=stack.namespace,
+                configuration_file=configuration,
             ),
             stack.cluster,
             workdir,
         )
         gateway.director_url = stack.director_process.graphql_url
         stack.timings["director"] = time.monotonic() - phase
+
+        if reserved is not None:
+            assert connector_folder is not None
+            phase = time.monotonic()
+            key, kid = gateway.signing_key()
+            stack.real_connector = real_connector_module.start_real_connector(
+                workdir / "connector",
+                folder=connector_folder,
+                reserved=reserved,
+                cluster=stack.cluster,
+                namespace=stack.namespace,
+                director_port=stack.director_process.port,
+                director_configuration_file=configuration,
+                signing_key=key,
+                signing_kid=kid,
+                issuer=stack.gateway_url,
+            )
+            stack.timings["connector"] = time.monotonic() - phase
         stack.timings["total"] = time.monotonic() - began
     except BaseException:
         with contextlib.suppress(Exception):
             stack.stop()
         raise
+    finally:
+        if reserved is not None:
+            reserved.close()
     return stack
 
 
