@@ -9,6 +9,7 @@ INSTALLED := $(VENV)/.installed
 TOOLCHAIN := devenv/toolchain/build.sh
 RUNTIME_AGENT := devenv/runtime_agent/build.sh
 REAL_COMPASS := devenv/real_director/build.sh
+REAL_CONNECTOR := devenv/real_director/build-connector.sh
 
 .PHONY: test check lint unit toolchain node runtime-agent real-compass image image-if-possible demo bench lock e2e-kind module clean
 
@@ -34,10 +35,12 @@ node: $(INSTALLED) toolchain
 runtime-agent:
 	@bash $(RUNTIME_AGENT) >/dev/null || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; }
 
-# The real Compass Director, built from the pinned source before pytest runs, for the same reason.
-# Exit 3 means the source is not here: its tests skip and say so (docs/real-compass.md).
+# The real Compass Director, built from the pinned source before pytest runs, for the same reason;
+# then the real Connector and hydrator (same tree) and Oathkeeper (Go module proxy).
+# Exit 3 means a source is not here: its tests skip and say so (docs/real-compass.md).
 real-compass:
 	@bash $(REAL_COMPASS) >/dev/null || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; }
+	@bash $(REAL_CONNECTOR) >/dev/null || { rc=$$?; [ $$rc -eq 3 ] || exit $$rc; }
 
 # The product image (docs/image.md): buildah from Debian's packages (installed when missing, as
 # root), on a base made from them where no registry serves the Dockerfile's pinned one. Prints the
