@@ -324,7 +324,11 @@ def render(runs: Sequence[SlowRun]) -> str:
         f"{RATIO_TARGET}x the bound N x 2 x L / S + L, L the mean duration of the run's Director "
         "calls in Director's own log (2 calls per new runtime; the last token starts only after "
         "its registration). In flight is read from Director's log: each call from its answer's "
-        "time less its duration, averaged per second.",
+        "time less its duration, averaged per second. The real Director's gateway keeps no such "
+        "log: for it, in flight is the broker's `broker_director_calls_in_flight` sampled once a "
+        "second, L the broker's own estimate of a call (`broker_director_call_seconds_estimate`, "
+        "its median while calls were in flight), and the window ends 2 L before the "
+        "(N - S + 1)-th runtime got its token.",
         "",
     ]
     if not runs:
