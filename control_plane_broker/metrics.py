@@ -223,7 +223,9 @@ class DirectorCollector(Collector):
         timeouts = CounterMetricFamily(
             "broker_director_slot_timeouts",
             "Admitted Director calls refused (503 compass-unavailable) after waiting twice "
-            "BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS for a slot: the schedule's estimate was short.",
+            "BROKER_DIRECTOR_QUEUE_TIMEOUT_SECONDS for a slot, or sent out of the queue with a "
+            "reservation once the estimate showed they would not be served in time: the "
+            "schedule's estimate was short.",
         )
         if snap is not None:
             timeouts.add_metric([], float(snap.slot_timeouts))

@@ -85,7 +85,12 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from control_plane_broker.errors import CompassRejected, CompassUnavailable
+from control_plane_broker.errors import (
+    CallerGone,
+    CapacityReserved,
+    CompassRejected,
+    CompassUnavailable,
+)
 
 INTERNAL_CODES = frozenset({10, 11})
 # Director's codes that name a moment (a timeout, a concurrent change, an operation underway).
@@ -176,9 +181,12 @@ def may_have_written(exc: BaseException) -> bool:
     if isinstance(exc, DirectorRetryable):
         return exc.maybe_written
     # An answer that says something lasting was given before the commit, and the limiter's
-    # refusals (breaker open, no slot) are raised before any call. Anything else (cancelled,
-    # a bug) may have broken off a call that had left.
-    return not isinstance(exc, CompassUnavailable | DirectorPermanent)
+    # refusals (breaker open, no slot, a reservation instead of the call, the caller gone) are
+    # raised before any call. Anything else (cancelled, a bug) may have broken off a call that
+    # had left.
+    return not isinstance(
+        exc, CompassUnavailable | CapacityReserved | CallerGone | DirectorPermanent
+    )
 
 
 def committed(errors: Sequence[AnswerError]) -> bool:

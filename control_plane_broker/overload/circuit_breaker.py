@@ -10,7 +10,7 @@ call; in half-open at most one call is in flight. Permanent failures are not out
 as successes for the breaker. Director's internal errors (code 10) name no cause: one counts as
 a failure only when it is about a runtime that has not failed so in the current run of failures
 (`record_ambiguous`), so one broken runtime asking again and again never opens the breaker,
-while a database failing every runtime does (`director/errors.py` has the evidence).
+while a database failing every runtime does (`director/classification.py` has the evidence).
 Why: docs/design/0012-probe-verdict-within-a-second.md.
 """
 

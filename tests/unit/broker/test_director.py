@@ -806,6 +806,8 @@ async def test_no_access_token_means_nothing_was_sent() -> None:
     assert fake.calls == []
     # The limiter's own refusals come before any call, too.
     assert may_have_written(CompassUnavailable("breaker open")) is False
+    assert may_have_written(CapacityReserved("come back at your reservation")) is False
+    assert may_have_written(CallerGone("hung up while the call waited")) is False
     # A typed error answer is given before the commit: Director rolled everything back.
     assert may_have_written(DirectorPermanent("refused")) is False
     # Director's internal error may hide a COMMIT that happened.
