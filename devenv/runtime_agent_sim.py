@@ -169,6 +169,11 @@ def build_csr(subject: x509.Name, key: rsa.RSAPrivateKey) -> str:
     return base64.b64encode(csr.public_bytes(serialization.Encoding.PEM)).decode()
 
 
+def _attributes(name: x509.Name) -> list[tuple[str, str]]:
+    """A name's attributes, whatever their order."""
+    return sorted((a.oid.dotted_string, str(a.value)) for a in name)
+
+
 def _spki(public_key: Any) -> bytes:
     return bytes(
         public_key.public_bytes(
@@ -197,6 +202,12 @@ def _graphql(
     try:
         body = response.json()
     except ValueError as exc:
+        # The real agent's GraphQL client (machinebox/graphql) on a body that is no JSON, such
+        # as Connector's empty HTTP 400 for a token that names no one.
+        if response.status_code != 200:
+            raise ExchangeError(
+                f"graphql: server returned a non-200 status code: {response.status_code}"
+            ) from exc
         raise ExchangeError(f"Connector answered HTTP {response.status_code}") from exc
     if response.status_code != 200 or body.get("errors") or not body.get("data"):
         messages = "; ".join(str(e.get("message", e)) for e in body.get("errors") or [])
@@ -226,7 +237,8 @@ def exchange_token(
     )
     client_pem = base64.b64decode(signed["clientCertificate"])
     certificate = x509.load_pem_x509_certificate(client_pem)
-    if certificate.subject != subject:
+    # The same attributes; Connector writes them in Go's order (C, ST, L, O, OU, CN).
+    if _attributes(certificate.subject) != _attributes(subject):
         raise ExchangeError("the certificate's subject is not the one asked for")
     if _spki(certificate.public_key()) != _spki(key.public_key()):
         raise ExchangeError("the certificate is not for our key")

@@ -22,7 +22,7 @@ Run it:  python -m devenv.compass_sim --client-id ID --client-secret SECRET [--p
 Endpoints (main listener, `sim.url`):
     POST /oauth/token         client credentials (Basic auth), scopes runtime:read/write
     POST /director/graphql    `director.graphql` (Bearer + `Tenant` header)
-    POST /connector/graphql   `connector.graphql` (`Connector-Token` header)
+    GET|POST /connector/graphql  `connector.graphql` (`Connector-Token` header, or `?token=`)
     /_sim/...                 admin JSON API, also on the admin listener (`sim.admin_url`),
                               which stays up while faults make the main listener refuse:
     GET  /_sim/health                       {"ok", "down", "listening"}
@@ -74,8 +74,10 @@ Choices where a gateway, not Director/Connector, answers in the real Compass:
 - a missing, unknown or expired bearer token gets HTTP 401 with one GraphQL error
   entry, `extensions.error_code` 26 (no `data`; Oathkeeper's body differs, the
   status is what clients act on);
-- a refused Connector token (used, expired, unknown, wrong kind, missing header) gets
-  HTTP 200 with a GraphQL error, `extensions.error` "Forbidden", data null.
+- a Connector token that names no one (spent, expired, unknown, missing) gets HTTP 400
+  with an empty body, as Compass's Oathkeeper, hydrator and Connector answer it (the
+  contract test `tests/integration/real_director/test_connector_contract.py` holds the
+  simulator's Connector to the real one).
 Director's real page-size limit is 200 (`runtimes(first:)`, `SimConfig.max_page_size`).
 
 `devenv.compass_sim.testing` has small pytest-free helpers (token, GraphQL calls,

@@ -36,6 +36,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .calls import Call
+from .connector import get_request_body
 from .faults import Faults, LostResponseMode, Refusal
 from .graphql_http import Response, RootField
 from .operations import OAUTH_TOKEN, UNPARSED, Endpoint
@@ -102,7 +103,7 @@ class CompassRoutes:
         return [
             Route("/oauth/token", self.oauth_token, methods=["POST"]),
             Route("/director/graphql", self.director, methods=["POST"]),
-            Route("/connector/graphql", self.connector, methods=["POST"]),
+            Route("/connector/graphql", self.connector, methods=["GET", "POST"]),
         ]
 
     async def oauth_token(self, request: Request) -> StarletteResponse:
@@ -128,8 +129,14 @@ class CompassRoutes:
         return await self._serve("director", parsed.fields, tenant, run)
 
     async def connector(self, request: Request) -> StarletteResponse:
-        parsed = self.sim.connector.endpoint.parse_request(await request.body())
-        token = request.headers.get("connector-token")
+        body = (
+            get_request_body(request.query_params)
+            if request.method == "GET"
+            else await request.body()
+        )
+        parsed = self.sim.connector.endpoint.parse_request(body)
+        # The hydrator takes the token from the header, else from the query parameter.
+        token = request.headers.get("connector-token") or request.query_params.get("token")
 
         def run(call: Call) -> Response:
             return self.sim.connector.handle(parsed, token=token, call=call)
@@ -200,6 +207,8 @@ class CompassRoutes:
             return DropConnection()
         if lost is LostResponseMode.GATEWAY_TIMEOUT:
             return PlainTextResponse("upstream request timeout", status_code=504)
+        if response.body is None:
+            return StarletteResponse(b"", status_code=response.status, headers=response.headers)
         return JSONResponse(response.body, status_code=response.status, headers=response.headers)
 
     def _record(

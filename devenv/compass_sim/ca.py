@@ -3,8 +3,10 @@
 The CA key and certificate live only in memory and are created on first use. A CSR
 is accepted only if its signature is valid and its subject matches the expected
 one field by field (CN, C, O, OU, L, ST, in Connector's order of checks); the
-client certificate gets the CSR's subject, client-auth usage and the configured
-validity. All outputs are PEM bytes; callers base64-encode them for GraphQL.
+client certificate gets the CSR's subject (in the order Go writes a name: C, ST, L,
+O, OU, CN), client-auth usage and the configured validity. As Connector's RSA CA, it
+cannot sign a CSR of another key type. All outputs are PEM bytes; callers
+base64-encode them for GraphQL.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from devenv import pki
 
 from .config import CsrSubject
 
-__all__ = ["CertificateAuthority", "CsrRejectedError", "load_csr", "subject_problem"]
+__all__ = [
+    "KEY_TYPE_MISMATCH",
+    "CertificateAuthority",
+    "CsrRejectedError",
+    "go_ordered",
+    "load_csr",
+    "subject_problem",
+]
 
 
 class CsrRejectedError(Exception):
@@ -35,6 +44,8 @@ class CsrRejectedError(Exception):
 
 
 def load_csr(pem: bytes) -> x509.CertificateSigningRequest:
+    if b"-----BEGIN" not in pem:
+        raise CsrRejectedError("BadRequest", "Error while decoding pem block.")
     try:
         csr = x509.load_pem_x509_csr(pem)
     except ValueError as exc:
@@ -42,6 +53,33 @@ def load_csr(pem: bytes) -> x509.CertificateSigningRequest:
     if not csr.is_signature_valid:
         raise CsrRejectedError("BadRequest", "CSR signature invalid")
     return csr
+
+
+# Go's order of a name's attributes (crypto/x509/pkix.Name.ToRDNSequence), which Connector's
+# certificate gets: it copies the CSR's parsed subject.
+_GO_NAME_ORDER = (
+    NameOID.COUNTRY_NAME,
+    NameOID.STATE_OR_PROVINCE_NAME,
+    NameOID.LOCALITY_NAME,
+    NameOID.STREET_ADDRESS,
+    NameOID.POSTAL_CODE,
+    NameOID.ORGANIZATION_NAME,
+    NameOID.ORGANIZATIONAL_UNIT_NAME,
+    NameOID.COMMON_NAME,
+)
+# Connector signs with its CA's RSA key and the CSR's signature algorithm: Go refuses a
+# CSR of any other key type with this.
+KEY_TYPE_MISMATCH = (
+    "Error while creating certificate: x509: requested SignatureAlgorithm does not match "
+    "private key type"
+)
+
+
+def go_ordered(name: x509.Name) -> x509.Name:
+    """`name` with its attributes in Go's order (the ones Go does not know at the end)."""
+    known = [a for oid in _GO_NAME_ORDER for a in name.get_attributes_for_oid(oid)]
+    rest = [a for a in name if a.oid not in _GO_NAME_ORDER]
+    return x509.Name(known + rest)
 
 
 _CHECKS = (
@@ -103,12 +141,15 @@ class CertificateAuthority:
         return self._ensure()[1].public_bytes(serialization.Encoding.PEM)
 
     def sign(self, csr: x509.CertificateSigningRequest) -> bytes:
-        """The client certificate for the CSR, as PEM."""
+        """The client certificate for the CSR, as PEM; CsrRejectedError for a key that is no
+        RSA key."""
+        if not isinstance(csr.public_key(), rsa.RSAPublicKey):
+            raise CsrRejectedError("Internal", KEY_TYPE_MISMATCH)
         key, ca_cert = self._ensure()
         now = self._now()
         certificate = (
             x509.CertificateBuilder()
-            .subject_name(csr.subject)
+            .subject_name(go_ordered(csr.subject))
             .issuer_name(ca_cert.subject)
             .public_key(csr.public_key())
             # 159 random bits: positive and at most 20 bytes, as RFC 5280 requires.

@@ -36,7 +36,7 @@ class GlobalAccount(BaseModel):
 
 
 class CsrSubject(BaseModel):
-    """The fixed part of the subject Connector expects in a CSR (CN = runtime ID)."""
+    """The fixed part of the subject Connector expects in a CSR (CN = the SystemAuth's ID)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

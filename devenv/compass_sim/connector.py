@@ -1,22 +1,30 @@
-"""Connector: exchanges a one-time token for a client certificate.
+"""Connector: exchanges a one-time token for a client certificate, as Compass's chain does.
 
-- `configuration` (header `Connector-Token`: a one-time token from Director, or a
-  token an earlier `configuration` returned) consumes the token and returns a fresh
-  CSR token bound to the same runtime, the CSR subject (CN = runtime ID), key
-  algorithm "rsa2048" and the management-plane URLs.
-- `signCertificateSigningRequest(csr)` (header: a CSR token) consumes the token,
-  then checks and signs the CSR (base64 of PEM) with the in-memory CA.
-- Every token is consumed when presented, even if the request fails afterwards:
-  a used, expired, unknown or wrong-kind token (or a missing header) is refused with
-  a GraphQL error (HTTP 200, data null, `extensions.error` "Forbidden"), the way the
-  real Connector answers when its token authentication fails.
+In Compass a token never reaches Connector: Oathkeeper hands it to the hydrator, which spends
+it at Director and names the token's SystemAuth as the client; Connector serves whoever that
+is. The simulator answers as that chain does (`tests/integration/real_director/
+test_connector_contract.py` holds it to the real one):
+
+- The token comes in the header `Connector-Token` (or the query parameter `token`). It is
+  spent before the request is even read: a document that does not parse or validate spends it
+  too. Either token of a SystemAuth serves either operation: Director's one-time token, or the
+  token `configuration` returned (which replaces the SystemAuth's unused one).
+- No token, or one that is unknown, spent or expired: HTTP 400 with an empty body, whatever
+  the request (the chain passes an unusable identity on, and Connector refuses to parse it).
+- `configuration` returns a fresh token on the same SystemAuth, the CSR subject (CN = the
+  SystemAuth's ID: a new one per Director token, never the runtime's ID), key algorithm
+  "rsa2048" and the certificate-secured URLs.
+- `signCertificateSigningRequest(csr)` checks the CSR (base64 of PEM) against that subject and
+  signs it with the in-memory CA; its mistakes are GraphQL errors with HTTP 200, worded as
+  Connector words them, with `message` and `path` only.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,36 +34,107 @@ from graphql import GraphQLResolveInfo, GraphQLSchema
 
 from .ca import CertificateAuthority, CsrRejectedError, load_csr, subject_problem
 from .calls import Call
-from .config import SimConfig
+from .config import CsrSubject, SimConfig
 from .director import new_connector_token
 from .errors import ConnectorError
 from .graphql_http import GraphQLEndpoint, ParsedRequest, Response, load_schema
 from .oauth import hash_token
 from .store import ConnectorTokenRecord, Store, TokenKind, TokenRefusedError
 
-__all__ = ["Connector", "ConnectorContext"]
+__all__ = [
+    "KEY_ALGORITHM",
+    "REFUSED_MEDIA_TYPE",
+    "Connector",
+    "ConnectorContext",
+    "ConnectorUrls",
+    "get_request_body",
+    "parse_csr",
+    "refused",
+    "sign_csr",
+    "with_data_null",
+]
 
 KEY_ALGORITHM = "rsa2048"
+# What Connector's refusal of an unusable identity carries: no body, this content type.
+REFUSED_MEDIA_TYPE = "application/json;charset=UTF-8"
+
+
+def refused() -> Response:
+    """Connector's answer when no usable token (or certificate) names the client."""
+    return Response(400, None, headers={"content-type": REFUSED_MEDIA_TYPE})
+
+
+def with_data_null(response: Response) -> Response:
+    """A request Connector's GraphQL server rejects before executing: gqlgen adds data null."""
+    if response.body is None:
+        return response
+    return Response(response.status, {**response.body, "data": None}, headers=response.headers)
+
+
+def get_request_body(query_params: Mapping[str, str]) -> bytes:
+    """A GET request's GraphQL parameters as the JSON body a POST would carry."""
+    request: dict[str, Any] = {"query": query_params.get("query")}
+    if query_params.get("variables"):
+        try:
+            request["variables"] = json.loads(query_params["variables"])
+        except ValueError:
+            request["variables"] = query_params["variables"]
+    if query_params.get("operationName"):
+        request["operationName"] = query_params["operationName"]
+    return json.dumps(request).encode()
 
 
 def parse_csr(csr: str) -> x509.CertificateSigningRequest:
-    """The CSR of `signCertificateSigningRequest(csr:)` (base64 of PEM), or the Connector's
-    error answer for it: the one place the simulator's Connectors read it."""
+    """The CSR of `signCertificateSigningRequest(csr:)` (base64 of PEM), or Connector's error
+    answer for it."""
     try:
         pem = base64.b64decode(csr, validate=True)
     except (binascii.Error, ValueError):
         raise ConnectorError(
-            "BadRequest", "Error while parsing base64 content. Incorrect value provided."
+            "BadRequest",
+            "Error while decoding Certificate Signing Request: Error while parsing base64 "
+            "content. Incorrect value provided.",
         ) from None
     try:
         return load_csr(pem)
     except CsrRejectedError as exc:
-        raise ConnectorError(exc.kind, str(exc)) from None
+        raise ConnectorError(
+            exc.kind, f"Error while signing Certificate Signing Request: {exc}"
+        ) from None
+
+
+def sign_csr(
+    ca: CertificateAuthority, csr: str, subject: CsrSubject, common_name: str
+) -> dict[str, str]:
+    """`signCertificateSigningRequest`'s result for a client named `common_name`: the one place
+    the simulator's Connectors check and sign a CSR."""
+    request = parse_csr(csr)
+    problem = subject_problem(request, subject, common_name)
+    if problem is not None:
+        raise ConnectorError(
+            "WrongInput", f"Error while signing Certificate Signing Request: {problem}"
+        )
+    try:
+        client_pem = ca.sign(request)
+    except CsrRejectedError as exc:
+        raise ConnectorError(
+            exc.kind, f"Error while signing Certificate Signing Request: {exc}"
+        ) from None
+    ca_pem = ca.certificate_pem
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return {
+        "certificateChain": b64(client_pem + ca_pem),
+        "caCertificate": b64(ca_pem),
+        "clientCertificate": b64(client_pem),
+    }
 
 
 @dataclass
 class ConnectorContext:
-    token: str | None
+    client: ConnectorTokenRecord  # the spent token: its SystemAuth, runtime and tenant
     call: Call
 
 
@@ -82,15 +161,29 @@ class Connector:
         self._urls = urls
         schema = load_schema("connector.graphql")
         self._bind(schema)
-        self.endpoint = GraphQLEndpoint(schema)
+        self.endpoint = GraphQLEndpoint(schema, plain_errors=True)
 
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self._clock(), UTC)
 
     def handle(self, parsed: ParsedRequest, *, token: str | None, call: Call) -> Response:
+        client = self._spend(token)
+        if client is None:
+            return refused()
         if parsed.rejection is not None:
-            return parsed.rejection
-        return self.endpoint.execute(parsed, ConnectorContext(token=token or None, call=call))
+            return with_data_null(parsed.rejection)
+        return self.endpoint.execute(parsed, ConnectorContext(client=client, call=call))
+
+    def _spend(self, token: str | None) -> ConnectorTokenRecord | None:
+        """The token's record, now spent; None when it is missing, unknown, spent or expired."""
+        if not token:
+            return None
+        try:
+            return self._store.consume_token(
+                hash_token(token), kinds={TokenKind.ONE_TIME, TokenKind.CSR}, now=self._now()
+            )
+        except TokenRefusedError:
+            return None
 
     def _bind(self, schema: GraphQLSchema) -> None:
         assert schema.query_type is not None
@@ -107,41 +200,31 @@ class Connector:
         def resolve(_root: Any, info: GraphQLResolveInfo, **arguments: Any) -> Any:
             context: ConnectorContext = info.context
             context.call.enter(operation, str(info.path.key))
-            result = resolver(context.token, **arguments)
+            result = resolver(context.client, **arguments)
             context.call.done(operation)
             return result
 
         return resolve
 
-    def _consume(self, token: str | None, kinds: set[TokenKind]) -> ConnectorTokenRecord:
-        if token is None:
-            raise ConnectorError(
-                "Forbidden", "Failed to authenticate with token: Connector-Token header is missing"
-            )
-        try:
-            return self._store.consume_token(hash_token(token), kinds=kinds, now=self._now())
-        except TokenRefusedError as exc:
-            raise ConnectorError("Forbidden", f"Failed to authenticate with token: {exc}") from None
-
-    def _configuration(self, token: str | None) -> dict[str, Any]:
-        used = self._consume(token, {TokenKind.ONE_TIME, TokenKind.CSR})
+    def _configuration(self, client: ConnectorTokenRecord) -> dict[str, Any]:
         fresh = new_connector_token()
         now = self._now()
         self._store.add_token(
             ConnectorTokenRecord(
                 token_hash=hash_token(fresh),
                 kind=TokenKind.CSR,
-                runtime_id=used.runtime_id,
-                tenant=used.tenant,
+                runtime_id=client.runtime_id,
+                tenant=client.tenant,
                 created_at=now,
                 expires_at=now + timedelta(seconds=self._config.csr_token_ttl_seconds),
+                system_auth_id=client.auth_id,
             )
         )
         urls = self._urls()
         return {
             "token": {"token": fresh},
             "certificateSigningRequestInfo": {
-                "subject": self._config.csr_subject.render(used.runtime_id),
+                "subject": self._config.csr_subject.render(client.auth_id),
                 "keyAlgorithm": KEY_ALGORITHM,
             },
             "managementPlaneInfo": {
@@ -150,20 +233,5 @@ class Connector:
             },
         }
 
-    def _sign(self, token: str | None, csr: str) -> dict[str, str]:
-        used = self._consume(token, {TokenKind.CSR})
-        request = parse_csr(csr)
-        problem = subject_problem(request, self._config.csr_subject, used.runtime_id)
-        if problem is not None:
-            raise ConnectorError("WrongInput", problem)
-        client_pem = self._ca.sign(request)
-        ca_pem = self._ca.certificate_pem
-
-        def b64(data: bytes) -> str:
-            return base64.b64encode(data).decode()
-
-        return {
-            "certificateChain": b64(client_pem + ca_pem),
-            "caCertificate": b64(ca_pem),
-            "clientCertificate": b64(client_pem),
-        }
+    def _sign(self, client: ConnectorTokenRecord, csr: str) -> dict[str, str]:
+        return sign_csr(self._ca, csr, self._config.csr_subject, client.auth_id)

@@ -339,7 +339,7 @@ class Director:
         if response.status == 422:
             return _presented(response, parsed)
         # Director's presenter builds each entry anew from message, path and extensions.
-        for entry in response.body.get("errors", []):
+        for entry in (response.body or {}).get("errors", []):
             entry.pop("locations", None)
         return response
 
@@ -568,6 +568,8 @@ class Director:
                 tenant=tenant,
                 created_at=now,
                 expires_at=expires_at,
+                # Director keeps each one-time token in a SystemAuth of its own.
+                system_auth_id=str(uuid.uuid4()),
             )
         )
         connector_url = self._connector_url()
@@ -665,7 +667,7 @@ def _presented(response: Response, parsed: ParsedRequest) -> Response:
     if response.status != 422:
         return response
     entries = []
-    for entry in response.body.get("errors", []):
+    for entry in (response.body or {}).get("errors", []):
         text: str = entry["message"]
         variable = _VARIABLE_ERROR.match(text)
         locations = entry.get("locations") or []

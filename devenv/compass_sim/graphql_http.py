@@ -5,7 +5,9 @@
   GRAPHQL_VALIDATION_FAILED (as gqlgen, the real servers' library, answers);
   variables that do not fit the schema: 422 as well.
 - Otherwise 200; each error entry has `message`, `path`, `locations` and the
-  `extensions` of the `SimulatorError` that caused it. Any other exception in a
+  `extensions` of the `SimulatorError` that caused it (Director's presenter); with
+  `plain_errors` (Connector's server, gqlgen's default presenter) only `message` and
+  `path`. Any other exception in a
   resolver is a bug: it becomes Director's internal error (code 10) and is logged.
 - Parsed and validated documents are cached per query text, since clients send the
   same few documents over and over.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -90,7 +93,7 @@ class ParsedRequest:
 @dataclass
 class Response:
     status: int
-    body: dict[str, Any]
+    body: dict[str, Any] | None  # None: no body at all
     # Error codes per root response key (-1: an error entry without error_code).
     errors_by_key: dict[str, list[int]] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
@@ -104,8 +107,11 @@ def _request_error(status: int, message: str, code: str | None = None) -> Respon
 
 
 class GraphQLEndpoint:
-    def __init__(self, schema: GraphQLSchema, *, cache_size: int = 256) -> None:
+    def __init__(
+        self, schema: GraphQLSchema, *, cache_size: int = 256, plain_errors: bool = False
+    ) -> None:
         self.schema = schema
+        self._plain_errors = plain_errors
         self._prepare = lru_cache(maxsize=cache_size)(self._prepare_uncached)
 
     def _prepare_uncached(self, query: str) -> _Prepared:
@@ -157,8 +163,15 @@ class GraphQLEndpoint:
         errors_by_key: dict[str, list[int]] = {}
         if result.errors:
             body["errors"] = [self._format(error, errors_by_key) for error in result.errors]
+            if self._plain_errors:
+                body["errors"] = [
+                    {k: v for k, v in entry.items() if k in ("message", "path")}
+                    for entry in body["errors"]
+                ]
         if result.data is None and result.errors and all(not e.path for e in result.errors):
             # Variables that do not match the schema: nothing was executed.
+            if self._plain_errors:
+                body = {"errors": [_variable_error(e) for e in result.errors], "data": None}
             return Response(422, body, errors_by_key)
         return Response(200, body, errors_by_key)
 
@@ -182,6 +195,21 @@ class GraphQLEndpoint:
             code = entry.get("extensions", {}).get("error_code", -1)
             errors_by_key.setdefault(str(error.path[0]), []).append(int(code))
         return entry
+
+
+_VARIABLE = re.compile(r"Variable '\$(\w+)'")
+
+
+def _variable_error(error: GraphQLError) -> dict[str, Any]:
+    """A variable that does not fit, as gqlgen's default presenter words it."""
+    found = _VARIABLE.search(error.message)
+    entry: dict[str, Any] = {
+        "message": "must be defined" if "was not provided" in error.message else error.message
+    }
+    if found:
+        entry["path"] = ["variable", found.group(1)]
+    entry["extensions"] = {"code": "GRAPHQL_VALIDATION_FAILED"}
+    return entry
 
 
 def _format_plain(error: GraphQLError, code: str | None) -> dict[str, Any]:

@@ -6,13 +6,16 @@ it got in `configuration`'s `managementPlaneInfo`, both over mutual TLS with the
 certificate the simulator's CA signed:
 
 - `certificateSecuredConnectorURL` (`/connector/graphql`): `configuration` without a token (the
-  certificate's CN names the runtime) and `signCertificateSigningRequest` for a renewal;
+  certificate's CN names the SystemAuth, and so the runtime; a token next to it is ignored) and
+  `signCertificateSigningRequest` for a renewal; a CN that names no SystemAuth (its runtime
+  unregistered) gets HTTP 400 with an empty body, as from the token-secured Connector;
 - `directorURL` (`/director/graphql`): `runtime(id)` with its labels, `applicationsForRuntime`
   (always an empty page: the simulator has no applications) and `setRuntimeLabel`, which the
   agent uses for its events and console URLs. Header `Tenant` names the runtime's tenant.
 
 A runtime sees only itself: another runtime's ID, or a tenant that cannot see it, is "not
-found", as for Director's runtime consumers. A runtime registered in a subaccount is seen from
+found"; a CN that names no SystemAuth lacks every scope (code 23, as Director answers an
+identity the hydrator could not map). A runtime registered in a subaccount is seen from
 its global account too (the broker registers in the subaccount; the runtime's Secret names the
 global account as `TENANT`). A client without a certificate from the
 simulator's CA does not get past the TLS handshake.
@@ -24,7 +27,6 @@ Calls are counted per operation (`calls()`), for tests.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import ssl
@@ -45,10 +47,16 @@ from graphql import GraphQLResolveInfo, GraphQLSchema
 
 from devenv import pki
 
-from .ca import subject_problem
-from .connector import KEY_ALGORITHM, ConnectorUrls, parse_csr
+from .connector import (
+    KEY_ALGORITHM,
+    REFUSED_MEDIA_TYPE,
+    ConnectorUrls,
+    refused,
+    sign_csr,
+    with_data_null,
+)
 from .director import new_connector_token
-from .errors import ConnectorError, DirectorError, ErrorCode
+from .errors import DirectorError, ErrorCode
 from .graphql_http import GraphQLEndpoint, load_schema
 from .oauth import hash_token
 from .store import ConnectorTokenRecord, TokenKind
@@ -65,8 +73,9 @@ _EMPTY_PAGE_INFO = {"startCursor": "", "endCursor": "", "hasNextPage": False}
 
 @dataclass(frozen=True)
 class _Caller:
-    runtime_id: str
-    tenant: str | None
+    auth_id: str  # the certificate's CN: a SystemAuth's ID
+    runtime_id: str | None  # None: the CN names no SystemAuth
+    tenant: str | None  # the `Tenant` header
 
 
 class CertificateSecuredCompass:
@@ -82,7 +91,7 @@ class CertificateSecuredCompass:
         director_schema = load_schema("runtime_director.graphql")
         self._bind_connector(connector_schema)
         self._bind_director(director_schema)
-        self._connector = GraphQLEndpoint(connector_schema)
+        self._connector = GraphQLEndpoint(connector_schema, plain_errors=True)
         self._director = GraphQLEndpoint(director_schema)
 
     # -- addresses and lifecycle ------------------------------------------------------
@@ -164,7 +173,12 @@ class CertificateSecuredCompass:
 
     # -- requests -----------------------------------------------------------------------
 
-    def handle(self, path: str, body: bytes, caller: _Caller) -> tuple[int, dict[str, Any]]:
+    def caller(self, common_name: str, tenant: str | None) -> _Caller:
+        """Who a client certificate names: its CN's SystemAuth and that one's runtime."""
+        auth = self._sim.store.system_auth(common_name)
+        return _Caller(common_name, auth.runtime_id if auth is not None else None, tenant)
+
+    def handle(self, path: str, body: bytes, caller: _Caller) -> tuple[int, dict[str, Any] | None]:
         endpoint = {"/connector/graphql": self._connector, "/director/graphql": self._director}.get(
             path
         )
@@ -173,6 +187,12 @@ class CertificateSecuredCompass:
         parsed = endpoint.parse_request(body)
         with self._lock:
             self._calls.update(field.name for field in parsed.fields)
+        if endpoint is self._connector:
+            if caller.runtime_id is None:
+                return refused().status, None
+            if parsed.rejection is not None:
+                rejection = with_data_null(parsed.rejection)
+                return rejection.status, rejection.body
         if parsed.rejection is not None:
             return parsed.rejection.status, parsed.rejection.body
         response = endpoint.execute(parsed, caller)
@@ -195,6 +215,7 @@ class CertificateSecuredCompass:
         # sends the CSR with the certificate alone, as Connector allows.
         token = new_connector_token()
         now = self._now()
+        assert caller.runtime_id is not None  # `handle` refused a CN without a SystemAuth
         runtime = self._sim.store.find_runtime(caller.runtime_id)
         self._sim.store.add_token(
             ConnectorTokenRecord(
@@ -204,13 +225,14 @@ class CertificateSecuredCompass:
                 tenant=runtime.tenant if runtime is not None else "",
                 created_at=now,
                 expires_at=now + timedelta(seconds=config.csr_token_ttl_seconds),
+                system_auth_id=caller.auth_id,
             )
         )
         urls = self.urls()
         return {
             "token": {"token": token},
             "certificateSigningRequestInfo": {
-                "subject": config.csr_subject.render(caller.runtime_id),
+                "subject": config.csr_subject.render(caller.auth_id),
                 "keyAlgorithm": KEY_ALGORITHM,
             },
             "managementPlaneInfo": {
@@ -220,21 +242,7 @@ class CertificateSecuredCompass:
         }
 
     def _sign(self, caller: _Caller, csr: str) -> dict[str, str]:
-        request = parse_csr(csr)
-        problem = subject_problem(request, self._sim.config.csr_subject, caller.runtime_id)
-        if problem is not None:
-            raise ConnectorError("WrongInput", problem)
-        client_pem = self._sim.ca.sign(request)
-        ca_pem = self._sim.ca.certificate_pem
-
-        def b64(data: bytes) -> str:
-            return base64.b64encode(data).decode()
-
-        return {
-            "certificateChain": b64(client_pem + ca_pem),
-            "caCertificate": b64(ca_pem),
-            "clientCertificate": b64(client_pem),
-        }
+        return sign_csr(self._sim.ca, csr, self._sim.config.csr_subject, caller.auth_id)
 
     # -- Director -------------------------------------------------------------------------
 
@@ -245,7 +253,9 @@ class CertificateSecuredCompass:
         schema.query_type.fields["applicationsForRuntime"].resolve = _resolver(self._applications)
         schema.mutation_type.fields["setRuntimeLabel"].resolve = _resolver(self._set_label)
 
-    def _own_runtime(self, caller: _Caller, runtime_id: str) -> Any:
+    def _own_runtime(self, caller: _Caller, runtime_id: str, scope: str = "runtime:read") -> Any:
+        if caller.runtime_id is None:
+            raise DirectorError(ErrorCode.INSUFFICIENT_SCOPES, required=scope, actual="")
         runtime = self._sim.store.find_runtime(runtime_id)
         if (
             runtime is None
@@ -260,11 +270,11 @@ class CertificateSecuredCompass:
         return {"id": runtime.id, "name": runtime.name, "labels": dict(runtime.labels)}
 
     def _applications(self, caller: _Caller, runtimeID: str, **_: Any) -> dict[str, Any]:
-        self._own_runtime(caller, runtimeID)
+        self._own_runtime(caller, runtimeID, "application:read")
         return {"data": [], "pageInfo": _EMPTY_PAGE_INFO, "totalCount": 0}
 
     def _set_label(self, caller: _Caller, runtimeID: str, key: str, value: Any) -> dict[str, Any]:
-        runtime = self._own_runtime(caller, runtimeID)
+        runtime = self._own_runtime(caller, runtimeID, "runtime:write")
         if not key:
             raise DirectorError(ErrorCode.INVALID_DATA, head="Invalid data", key="empty")
         labels = {**runtime.labels, key: value}
@@ -294,20 +304,22 @@ def _handler(gateway: CertificateSecuredCompass) -> type[BaseHTTPRequestHandler]
 
         def do_POST(self) -> None:
             assert isinstance(self.connection, ssl.SSLSocket)
-            runtime_id = _common_name(self.connection.getpeercert(binary_form=True))
+            common_name = _common_name(self.connection.getpeercert(binary_form=True))
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length)
-            if runtime_id is None:
+            if common_name is None:
                 self._answer(401, {"errors": [{"message": "client certificate without a CN"}]})
                 return
-            caller = _Caller(runtime_id=runtime_id, tenant=self.headers.get("Tenant") or None)
+            caller = gateway.caller(common_name, self.headers.get("Tenant") or None)
             status, payload = gateway.handle(self.path.split("?", 1)[0], body, caller)
             self._answer(status, payload)
 
-        def _answer(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
+        def _answer(self, status: int, payload: dict[str, Any] | None) -> None:
+            data = b"" if payload is None else json.dumps(payload).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header(
+                "Content-Type", REFUSED_MEDIA_TYPE if payload is None else "application/json"
+            )
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

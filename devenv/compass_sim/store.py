@@ -9,7 +9,10 @@ Invariants:
 - Records are immutable pydantic models; a change replaces the record.
 - Connector tokens (one-time tokens from Director and the CSR tokens Connector
   hands out) are kept only as SHA-256 hashes, bound to a runtime and tenant, and
-  disappear with their runtime.
+  disappear with their runtime. Each sits on a SystemAuth, as in Director: a one-time
+  token from Director on a new one, the token `configuration` returns on the same one,
+  which holds one unused token at a time (a new one replaces it). The SystemAuth's ID is
+  the CN of the certificate Connector signs for it.
 - Subaccounts met for the first time in permissive mode are remembered with their
   parent (state, like the runtimes: cleared and saved with them).
 - A label index maps (tenant, key, scalar value) to runtime IDs, where a list value
@@ -112,10 +115,18 @@ class ConnectorTokenRecord(BaseModel):
     created_at: datetime
     expires_at: datetime
     used_at: datetime | None = None
+    # The SystemAuth holding the token ("" in states saved before it was kept: the runtime's
+    # ID stands in).
+    system_auth_id: str = ""
 
     @property
     def used(self) -> bool:
         return self.used_at is not None
+
+    @property
+    def auth_id(self) -> str:
+        """The SystemAuth's ID: Connector's client ID, the certificate's CN."""
+        return self.system_auth_id or self.runtime_id
 
 
 class TokenRefusedError(Exception):
@@ -132,6 +143,7 @@ class Store:
         self._index: dict[str, dict[_IndexKey, set[str]]] = {}
         self._tokens: dict[str, ConnectorTokenRecord] = {}
         self._tokens_of: dict[str, set[str]] = {}  # runtime ID -> token hashes
+        self._auths: dict[str, str] = {}  # SystemAuth ID -> its latest token's hash
         self._subaccount_parents: dict[str, str] = {}
         self.version = 0
 
@@ -213,7 +225,9 @@ class Store:
             self._unindex(record)
             del self._by_id[runtime_id]
             for token_hash in self._tokens_of.pop(runtime_id, set()):
-                self._tokens.pop(token_hash, None)
+                token = self._tokens.pop(token_hash, None)
+                if token is not None:
+                    self._auths.pop(token.auth_id, None)
             self.version += 1
             return record
 
@@ -273,10 +287,22 @@ class Store:
     # -- connector tokens -------------------------------------------------------
 
     def add_token(self, record: ConnectorTokenRecord) -> None:
+        """Keeps the token; an unused one its SystemAuth held before is gone (replaced)."""
         with self._lock:
+            previous = self._tokens.get(self._auths.get(record.auth_id, ""))
+            if previous is not None and not previous.used:
+                del self._tokens[previous.token_hash]
+                self._tokens_of.get(previous.runtime_id, set()).discard(previous.token_hash)
             self._tokens[record.token_hash] = record
             self._tokens_of.setdefault(record.runtime_id, set()).add(record.token_hash)
+            self._auths[record.auth_id] = record.token_hash
             self.version += 1
+
+    def system_auth(self, auth_id: str) -> ConnectorTokenRecord | None:
+        """The latest token of a SystemAuth (a certificate's CN): its runtime and tenant; None
+        when there is none (never issued, or its runtime is gone)."""
+        with self._lock:
+            return self._tokens.get(self._auths.get(auth_id, ""))
 
     def consume_token(
         self, token_hash: str, *, kinds: Iterable[TokenKind], now: datetime
@@ -311,6 +337,7 @@ class Store:
             self._index.clear()
             self._tokens.clear()
             self._tokens_of.clear()
+            self._auths.clear()
             self._subaccount_parents.clear()
             self.version += 1
 
@@ -329,7 +356,8 @@ class Store:
             self.clear()
             for record in runtimes:
                 self._put(record)
-            for token in tokens:
+            for token in sorted(tokens, key=lambda t: t.created_at):
                 self._tokens[token.token_hash] = token
                 self._tokens_of.setdefault(token.runtime_id, set()).add(token.token_hash)
+                self._auths[token.auth_id] = token.token_hash
             self._subaccount_parents.update(data.get("subaccounts", {}))

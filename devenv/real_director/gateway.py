@@ -47,12 +47,13 @@ when `CreatedAt` + the token's validity has passed) and marks it used
 to Connector as the client ID. Connector names the certificate after that client ID (CN = the
 SystemAuth ID, which Compass maps back to the runtime for certificate-secured calls) and gets the
 CSR token from Director with `requestOneTimeTokenForRuntime(id: "", systemAuthID: <ID>)`, which
-puts a fresh one-time token on the same SystemAuth. Director's local configuration grants no
-scope for the two hydrator operations, so the gateway does their part directly on Director's
-database (`DirectorTokens`: one `UPDATE ... WHERE` that finds, checks and spends the token, so a
-token is spent once however many present it), and asks Director itself for the CSR token. The
-rest is the simulator's Connector: its schema, error answers (HTTP 200, `extensions.error`
-`Forbidden`), CSR checks and certificate authority (`devenv.compass_sim`).
+puts a fresh one-time token on the same SystemAuth. The gateway does the hydrator's part
+directly on Director's database (`DirectorTokens`: one `UPDATE ... WHERE` that finds, checks and
+spends the token, so a token is spent once however many present it), and asks Director itself
+for the CSR token. The rest is the simulator's Connector: its schema, its answers (a token that
+names no one: HTTP 400 with an empty body, as the real chain answers), CSR checks and
+certificate authority (`devenv.compass_sim`). The real Connector, hydrator and Oathkeeper run
+instead when the stack is started with `real_connector` (connector.py).
 
 It is a plain ASGI app, served by uvicorn on a thread of its own, so the Python API works from
 any thread.
@@ -100,9 +101,16 @@ from graphql import (
 )
 
 from devenv import pki
-from devenv.compass_sim.ca import CertificateAuthority, subject_problem
+from devenv.compass_sim.ca import CertificateAuthority
 from devenv.compass_sim.config import CsrSubject
-from devenv.compass_sim.connector import KEY_ALGORITHM, ConnectorUrls, parse_csr
+from devenv.compass_sim.connector import (
+    KEY_ALGORITHM,
+    REFUSED_MEDIA_TYPE,
+    ConnectorUrls,
+    refused,
+    sign_csr,
+    with_data_null,
+)
 from devenv.compass_sim.errors import ConnectorError
 from devenv.compass_sim.graphql_http import GraphQLEndpoint, load_schema
 
@@ -258,19 +266,15 @@ class DirectorTokens:
         return SpentToken(found, runtime_id, tenant, external)
 
 
-@dataclass
-class _ConnectorCall:
-    token: str | None
-    certificate_cn: str | None = None  # the client certificate's CN, on the mTLS listener
-
-
 class GatewayConnector:
     """Connector's token-authenticated API over Director's one-time tokens.
 
-    `configuration` spends the presented token and answers with a CSR token Director puts on
-    the same SystemAuth (`request_csr_token`), the subject (CN = the SystemAuth ID) and the
-    certificate-secured URLs, if any; `signCertificateSigningRequest` spends its token too and
-    signs a CSR for exactly that subject. Calls are synchronous (database and Director): run
+    The presented token is spent before the request is read, as the hydrator spends it; either
+    token of a SystemAuth serves either operation. `configuration` answers with a CSR token
+    Director puts on the same SystemAuth (`request_csr_token`), the subject (CN = the SystemAuth
+    ID) and the certificate-secured URLs, if any; `signCertificateSigningRequest` signs a CSR
+    for exactly that subject. No usable token: HTTP 400 with an empty body, as the real chain
+    answers. Calls are synchronous (database and Director): run
     them off the event loop.
     """
 
@@ -291,7 +295,7 @@ class GatewayConnector:
         self._spent: Counter[str] = Counter()  # runtime ID -> tokens spent here
         schema = load_schema("connector.graphql")
         self._bind(schema)
-        self._endpoint = GraphQLEndpoint(schema)
+        self._endpoint = GraphQLEndpoint(schema, plain_errors=True)
 
     def spent(self, runtime_id: str) -> int:
         """Tokens of this runtime spent at the Connector (one-time and CSR tokens)."""
@@ -304,12 +308,18 @@ class GatewayConnector:
 
     def handle(
         self, body: bytes, token: str | None, *, certificate_cn: str | None = None
-    ) -> tuple[int, dict[str, Any]]:
+    ) -> tuple[int, dict[str, Any] | None]:
+        """(status, body; None: no body) as Compass answers: the token is spent (or the
+        certificate's CN looked up) before the request is read, and without a client the
+        answer is HTTP 400 with an empty body."""
+        client = self._client(token, certificate_cn)
+        if client is None:
+            return refused().status, None
         parsed = self._endpoint.parse_request(body)
         if parsed.rejection is not None:
-            return parsed.rejection.status, parsed.rejection.body
-        call = _ConnectorCall(token or None, certificate_cn)
-        response = self._endpoint.execute(parsed, call)
+            rejection = with_data_null(parsed.rejection)
+            return rejection.status, rejection.body
+        response = self._endpoint.execute(parsed, client)
         return response.status, response.body
 
     def _bind(self, schema: GraphQLSchema) -> None:
@@ -317,39 +327,26 @@ class GatewayConnector:
         assert schema.mutation_type is not None
 
         def configuration(_root: Any, info: GraphQLResolveInfo) -> dict[str, Any]:
-            return self._configuration(self._client(info.context))
+            return self._configuration(info.context)
 
         def sign(_root: Any, info: GraphQLResolveInfo, csr: str) -> dict[str, str]:
-            return self._sign(self._client(info.context), csr)
+            return self._sign(info.context, csr)
 
         schema.query_type.fields["configuration"].resolve = configuration
         schema.mutation_type.fields["signCertificateSigningRequest"].resolve = sign
 
-    def _client(self, call: _ConnectorCall) -> SpentToken:
-        """Who calls, as Connector's authenticator finds it: by token first, then by the client
-        certificate (its CN names the SystemAuth)."""
-        if call.token is not None or call.certificate_cn is None:
-            return self._spend(call.token)
-        found = self._tokens.system_auth(call.certificate_cn)
-        if found is None:
-            raise ConnectorError(
-                "Forbidden",
-                "Failed to authenticate request. Certificate authentication error: no runtime "
-                f"holds the SystemAuth {call.certificate_cn}",
-            )
-        return found
+    def _client(self, token: str | None, certificate_cn: str | None) -> SpentToken | None:
+        """Who calls, as the hydrator finds it: by token first, then by the client certificate
+        (its CN names the SystemAuth); None when neither names one."""
+        if token or certificate_cn is None:
+            return self._spend(token)
+        return self._tokens.system_auth(certificate_cn)
 
-    def _spend(self, token: str | None) -> SpentToken:
+    def _spend(self, token: str | None) -> SpentToken | None:
         spent = self._tokens.spend(token) if token else None
-        if spent is None:
-            # Connector's words when the hydrator passed no client ID on.
-            raise ConnectorError(
-                "Forbidden",
-                "Failed to authenticate request. Token authentication error: Failed to "
-                "authenticate with one time token.",
-            )
-        with self._lock:
-            self._spent[spent.runtime_id] += 1
+        if spent is not None:
+            with self._lock:
+                self._spent[spent.runtime_id] += 1
         return spent
 
     def _configuration(self, spent: SpentToken) -> dict[str, Any]:
@@ -373,21 +370,7 @@ class GatewayConnector:
         }
 
     def _sign(self, spent: SpentToken, csr: str) -> dict[str, str]:
-        request = parse_csr(csr)
-        problem = subject_problem(request, CSR_SUBJECT, spent.system_auth_id)
-        if problem is not None:
-            raise ConnectorError("WrongInput", problem)
-        client_pem = self.ca.sign(request)
-        ca_pem = self.ca.certificate_pem
-
-        def b64(data: bytes) -> str:
-            return base64.b64encode(data).decode()
-
-        return {
-            "certificateChain": b64(client_pem + ca_pem),
-            "caCertificate": b64(ca_pem),
-            "clientCertificate": b64(client_pem),
-        }
+        return sign_csr(self.ca, csr, CSR_SUBJECT, spent.system_auth_id)
 
 
 class Gateway:
@@ -727,10 +710,14 @@ class Gateway:
         elif path == TOKEN_PATH and method == "POST":
             await self._token(headers, body, send)
         elif path == CONNECTOR_PATH and method == "POST" and self.connector is not None:
-            status, payload = await asyncio.to_thread(
-                self.connector.handle, body, headers.get("connector-token")
-            )
-            await _respond(send, status, payload)
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            # The hydrator takes the token from the header, else from the query parameter.
+            token = headers.get("connector-token") or (query.get("token") or [None])[0]
+            status, payload = await asyncio.to_thread(self.connector.handle, body, token)
+            if payload is None:
+                await _respond(send, status, b"", content_type=REFUSED_MEDIA_TYPE)
+            else:
+                await _respond(send, status, payload)
         elif path == JWKS_PATH and method == "GET":
             await _respond(send, 200, self._jwks)
         elif path.startswith(_ADMIN + "/"):
@@ -1124,7 +1111,7 @@ class CertificateSecuredGateway:
             self._calls.update(fields or ("(unparsed)",))
         if path == CONNECTOR_PATH:
             status, payload = self._connector.handle(body, None, certificate_cn=certificate_cn)
-            return status, json.dumps(payload).encode()
+            return status, b"" if payload is None else json.dumps(payload).encode()
         if path == GRAPHQL_PATH:
             return self._director(body, certificate_cn)
         return 404, json.dumps({"errors": [{"message": f"no endpoint at {path}"}]}).encode()

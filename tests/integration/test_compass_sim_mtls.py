@@ -16,7 +16,12 @@ from devenv import pki
 from devenv.compass_sim import CompassSimulator, SimConfig
 from devenv.compass_sim.ca import load_csr
 from devenv.compass_sim.mtls import CertificateSecuredCompass
-from devenv.compass_sim.testing import build_csr, parse_subject
+from devenv.compass_sim.testing import (
+    REQUEST_ONE_TIME_TOKEN,
+    DirectorClient,
+    build_csr,
+    parse_subject,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,8 +68,24 @@ def compass() -> Iterator[tuple[CompassSimulator, CertificateSecuredCompass]]:
         yield sim, secured
 
 
+def _system_auth(sim: CompassSimulator, runtime_id: str) -> str:
+    """A SystemAuth of the runtime (Director makes one per one-time token): what the CN of the
+    certificate Connector signs for it names."""
+    runtime = sim.runtime(runtime_id)
+    assert runtime is not None
+    with httpx.Client(timeout=10) as http:
+        director = DirectorClient(
+            http, sim.director_url, token=sim.issue_access_token(), tenant=runtime.tenant
+        )
+        director.result(REQUEST_ONE_TIME_TOKEN, {"id": runtime_id})
+    newest = max(sim.connector_tokens(runtime_id), key=lambda t: t.created_at)
+    return newest.system_auth_id
+
+
 def _client(sim: CompassSimulator, runtime_id: str, folder: Path) -> httpx.Client:
-    csr, key = build_csr(parse_subject(sim.config.csr_subject.render(runtime_id)))
+    """A client with a certificate as Connector signs it for the runtime's SystemAuth."""
+    auth_id = _system_auth(sim, runtime_id)
+    csr, key = build_csr(parse_subject(sim.config.csr_subject.render(auth_id)))
     certificate = sim.ca.sign(load_csr(base64.b64decode(csr)))
     (folder / "tls.crt").write_bytes(certificate)
     (folder / "tls.key").write_bytes(pki.private_key_pem(key))
@@ -90,7 +111,11 @@ def test_runtime_syncs_over_mtls_and_sees_only_itself(
             "directorURL": f"{secured.url}/director/graphql",
             "certificateSecuredConnectorURL": f"{secured.url}/connector/graphql",
         }
-        assert configuration["certificateSigningRequestInfo"]["subject"].endswith(f"CN={mine.id}")
+        subject = configuration["certificateSigningRequestInfo"]["subject"]
+        assert (
+            parse_subject(subject)["CN"]
+            == max(sim.connector_tokens(mine.id), key=lambda t: t.created_at).system_auth_id
+        )
 
         director = f"{secured.url}/director/graphql"
         answer = client.post(
@@ -193,4 +218,5 @@ def test_the_connector_hands_out_the_certificate_secured_urls_while_serving(
     answer = httpx.post(
         sim.connector_url, json={"query": CONFIGURATION}, headers={"Connector-Token": "spent"}
     )
-    assert answer.json()["data"] is None  # the token-secured Connector still wants a token
+    # The token-secured Connector still wants a token: HTTP 400, empty, as Compass's.
+    assert (answer.status_code, answer.content) == (400, b"")
