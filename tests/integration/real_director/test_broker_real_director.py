@@ -18,9 +18,11 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
 
 from devenv.clusters import TestCluster
-from devenv.real_director import RealCompass
+from devenv.real_director import RealCompass, RealConnector
+from devenv.runtime_agent_sim import CONFIGURATION_QUERY, exchange_token
 from tests.integration.broker.conftest import (
     CRASH_AFTER_REGISTER,
     GROUP,
@@ -438,3 +440,46 @@ def test_an_unknown_global_account_is_a_409_naming_the_label(
         what="the refusal lifted",
     )
     assert len(registrations(real_compass, runtime)) == 1
+
+
+def test_the_brokers_token_becomes_a_client_certificate_at_the_real_connector(
+    real_brokers: BrokerFactory,
+    real_compass: RealCompass,
+    real_connector: RealConnector,
+    control_plane: TestCluster,
+    kcp_ns: str,
+    runtime_a: TestCluster,
+) -> None:
+    """What the broker hands out is what Compass's own Connector takes: token ->
+    `configuration` -> CSR -> `signCertificateSigningRequest` -> a certificate named after the
+    token's SystemAuth, signed by the Connector's CA. Spent once; spent, garbage or missing
+    tokens get the real chain's HTTP 400 with an empty body."""
+    runtime = seed(real_compass, control_plane, kcp_ns, runtime_a)
+    broker = real_brokers(BROKER_IDENTITY_MODE="jwks")
+    answer = token(broker, runtime)
+    assert answer.status_code == 201, answer.text
+    body = answer.json()
+    assert body["connectorURL"] == real_connector.url  # Director's connectorURL, verbatim
+    compass_id = body["compassRuntimeID"]
+    ((auth_id,),) = real_compass.query(
+        "SELECT id FROM system_auths WHERE runtime_id::text = :'id'", id=compass_id
+    )
+    with httpx.Client(timeout=30) as http:
+        issued = exchange_token(http, body["connectorURL"], body["token"], key_size=2048)
+        certificate = x509.load_pem_x509_certificate(issued.client_pem)
+        assert certificate.subject.rfc4514_string() == (
+            f"CN={auth_id},OU=OrgUnit,O=Org,L=Locality,ST=State,C=PL"
+        )
+        ca = x509.load_pem_x509_certificate(real_connector.ca_pem)
+        certificate.verify_directly_issued_by(ca)
+        assert (certificate.not_valid_after_utc - certificate.not_valid_before_utc).days == 90
+        assert issued.director_url == real_connector.certificate_secured_director_url
+        assert issued.secured_connector_url == real_connector.certificate_secured_connector_url
+        # Two tokens spent at Director by the hydrator: the broker's and the CSR token.
+        assert real_compass.connector_exchanges(compass_id) == 2
+
+        configuration = {"query": CONFIGURATION_QUERY}
+        for headers in ({"Connector-Token": body["token"]}, {"Connector-Token": "garbage"}, {}):
+            refused = http.post(body["connectorURL"], json=configuration, headers=headers)
+            assert (refused.status_code, refused.content) == (400, b""), headers
+    assert real_compass.connector_exchanges(compass_id) == 2
