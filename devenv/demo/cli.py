@@ -26,6 +26,7 @@ from devenv import runtime_agent
 from devenv.demo.console import StepFailed, Story
 from devenv.demo.processes import log_tail
 from devenv.demo.story import Demo, Options
+from devenv.real_director import connector as real_connector
 from devenv.real_director import find_compass_source
 
 DESCRIPTION = """\
@@ -42,7 +43,10 @@ EPILOG = """\
 --real-director runs the real Compass Director (built once from the pinned source, see
 docs/real-compass.md) behind our gateway instead of the simulator; --real-runtime-agent runs
 Kyma's compass-runtime-agent in runtime B (root and unshare needed; built by `make demo`).
-Both together work too. The simulator stays the default: no build, and the faults and scale
+--real-connector adds the real Compass Connector, hydrator and Oathkeeper to --real-director
+(root and unshare needed; built by `make real-compass`): with --real-runtime-agent too, the whole
+token and certificate path is Compass's own and Kyma's. Both together work too. The simulator
+stays the default: no build, and the faults and scale
 the real one cannot give (docs/compass-simulator.md).
 
 Logs of every process go to <work folder>/logs; the list of processes (pid, command) to
@@ -81,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Connector for its tokens) instead of the simulator",
     )
     parser.add_argument(
+        "--real-connector",
+        action="store_true",
+        help="with --real-director: the real Connector, hydrator and Oathkeeper take the "
+        "runtimes' tokens instead of the gateway's Connector (needs root and unshare)",
+    )
+    parser.add_argument(
         "--real-runtime-agent",
         action="store_true",
         help="Kyma's real compass-runtime-agent in runtime B instead of the simulated one "
@@ -110,6 +120,17 @@ def _report_failure(story: Story, exc: StepFailed) -> None:
             story.detail(f"  {line}")
 
 
+def _real_connector_refusal(real_director: bool) -> str | None:
+    """Why --real-connector cannot work here, or None."""
+    if not real_director:
+        return "--real-connector needs --real-director: it exchanges the real Director's tokens"
+    why = real_connector.why_not_here()
+    if why is None:
+        where, reason = real_connector.find_connector()
+        why = None if where is not None else reason
+    return None if why is None else f"--real-connector: {why}"
+
+
 def preflight(args: argparse.Namespace) -> tuple[str | None, Path | None]:
     """(why an option cannot work here, or None; the real runtime agent's build folder)."""
     if args.timeout_scale <= 0:
@@ -118,6 +139,10 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, Path | None]:
         where, reason = find_compass_source()
         if where is None:
             return f"--real-director needs the pinned Compass source: {reason}", None
+    if args.real_connector:
+        why = _real_connector_refusal(args.real_director)
+        if why is not None:
+            return why, None
     folder = None
     if args.real_runtime_agent:
         if os.geteuid() != 0 or shutil.which("unshare") is None:
@@ -159,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout_scale=args.timeout_scale,
             real_director=args.real_director,
             real_runtime_agent=args.real_runtime_agent,
+            real_connector=args.real_connector,
             runtime_agent_dir=runtime_agent_dir,
         ),
         story,

@@ -33,7 +33,9 @@ from devenv.demo.observe import SimAdmin
 from devenv.demo.processes import Child, ChildDied, Processes, wait_for_json_line
 from devenv.demo.world import RuntimeSpec
 from devenv.real_director import (
+    OATHKEEPER_VERSION,
     CompassSourceMissing,
+    ConnectorUnavailable,
     RealCompass,
     RealCompassError,
     build_director,
@@ -95,6 +97,8 @@ class Options:
     timeout_scale: float = 1.0
     real_director: bool = False  # the real Director behind our gateway instead of the simulator
     real_runtime_agent: bool = False  # Kyma's compass-runtime-agent in runtime B
+    # The real Connector, hydrator and Oathkeeper next to the real Director (needs it).
+    real_connector: bool = False
     runtime_agent_dir: Path | None = None  # its build (devenv.runtime_agent.build())
 
 
@@ -341,10 +345,17 @@ class Demo:
         )
 
     def start_real_director(self) -> None:
-        self.story.step(
-            f"The real Compass Director (kyma-incubator/compass {REAL_DIRECTOR_COMMIT}) behind our "
-            "gateway (OAuth2 token endpoint, JWT, Connector)"
-        )
+        if self.options.real_connector:
+            self.story.step(
+                f"The real Compass Director, Connector, hydrator and Oathkeeper "
+                f"(kyma-incubator/compass {REAL_DIRECTOR_COMMIT}, ory/oathkeeper "
+                f"{OATHKEEPER_VERSION}), our gateway as Hydra for the broker"
+            )
+        else:
+            self.story.step(
+                f"The real Compass Director (kyma-incubator/compass {REAL_DIRECTOR_COMMIT}) behind "
+                "our gateway (OAuth2 token endpoint, JWT, Connector)"
+            )
         self.story.waiting(
             "devenv/real_director/build.sh: the cached build, or a build from the pinned source "
             "(the first one takes minutes)"
@@ -359,15 +370,26 @@ class Demo:
             "PostgreSQL with Director's schema, Director (its ConfigMap and Secrets in KCP, "
             "namespace of their own), the gateway"
         )
+        if self.options.real_connector:
+            self.story.waiting(
+                "devenv/real_director/build-connector.sh: Connector and hydrator from the same "
+                "tree, Oathkeeper from the Go module proxy (cached; the first build takes minutes)"
+            )
         try:
             stack = start_real_compass(
-                self.workdir / "real-director", cluster=self.kcp, director_folder=folder
+                self.workdir / "real-director",
+                cluster=self.kcp,
+                director_folder=folder,
+                real_connector=self.options.real_connector,
             )
-        except RealCompassError as exc:
+        except (RealCompassError, ConnectorUnavailable) as exc:
             raise StepFailed(f"the real Director did not start: {exc}") from exc
         self.real = stack
         self.sim = RealDirectorView(stack)
-        if self.options.real_runtime_agent:
+        if stack.real_connector is not None:
+            # Its certificate-secured side (our front in Istio's place) serves from the start.
+            self.sim_urls["certificate_secured_url"] = stack.real_connector.certificate_secured_url
+        elif self.options.real_runtime_agent:
             # What the real compass-runtime-agent syncs with after Connected.
             self.sim_urls["certificate_secured_url"] = stack.start_certificate_secured()
         for name, pid in stack.pids().items():
@@ -388,15 +410,27 @@ class Demo:
         stack.write_credentials_file(self.secrets_dir / "director-credentials.yaml")
         self.story.detail(f"gateway   {stack.gateway_url} (admin: /_gateway/calls)")
         self.story.detail(f"Director  {stack.director_url}")
-        self.story.detail(
-            f"Connector {stack.connector_url} (one-time tokens checked and spent in Director's "
-            "database, as Compass's hydrator does through Director)"
-        )
-        if "certificate_secured_url" in self.sim_urls:
+        if stack.real_connector is not None:
             self.story.detail(
-                f"mTLS      {self.sim_urls['certificate_secured_url']} (certificate-secured "
-                "Connector and Director: a client certificate's CN names the runtime's SystemAuth)"
+                f"Connector {stack.connector_url} (Oathkeeper with Compass's rules, the hydrator "
+                "spends the token at Director, then the Connector: all real)"
             )
+            self.story.detail(
+                f"mTLS      {self.sim_urls['certificate_secured_url']} (our front in Istio's "
+                "place sets Certificate-Data; Oathkeeper, hydrator, then Connector or Director: "
+                "a client certificate's CN names the runtime's SystemAuth)"
+            )
+        else:
+            self.story.detail(
+                f"Connector {stack.connector_url} (one-time tokens checked and spent in "
+                "Director's database, as Compass's hydrator does through Director)"
+            )
+            if "certificate_secured_url" in self.sim_urls:
+                self.story.detail(
+                    f"mTLS      {self.sim_urls['certificate_secured_url']} (certificate-secured "
+                    "Connector and Director: a client certificate's CN names the runtime's "
+                    "SystemAuth)"
+                )
         self.story.detail(
             f"started in {stack.timings.get('total', 0.0):.1f}s; Director's log "
             f"{stack.director_log}"
@@ -677,11 +711,10 @@ class Demo:
                 guard=self._guard,
                 logs=self._logs(runtime.runtime_agent, runtime.agent),
             )
-        if self.real is not None:
-            self.story.detail(
-                "CN is the ID of the SystemAuth in which Director keeps the runtime's one-time "
-                "token, as the real Connector names certificates"
-            )
+        self.story.detail(
+            "CN is the ID of the SystemAuth in which Director keeps the runtime's one-time "
+            "token, as the real Connector names certificates"
+        )
         used = self.compass.connector_exchanges(runtime.compass_runtime_id)
         self.story.done(
             f"{state}: client certificate {subject}, valid until {not_after}; "
@@ -1003,6 +1036,11 @@ class Demo:
         self.story.say(f"             PostgreSQL {found['postgres']} (Director's database)")
         self.story.say(f"               psql: {postgres.bin_dir() / 'psql'} -d {found['postgres']}")
         self.story.say(f"             Director's log {stack.director_log}")
+        if stack.real_connector is not None:
+            self.story.say(
+                f"             Oathkeeper {stack.real_connector.oathkeeper_url}; logs of "
+                f"Oathkeeper, hydrator and Connector in {stack.real_connector.workdir}"
+            )
 
     def keep_running(self) -> None:
         """Until Ctrl-C: refresh the projected tokens as the kubelet would; stop if a child dies."""

@@ -312,6 +312,11 @@ def test_options_that_cannot_work_here_are_refused_at_once(
     monkeypatch.setattr(cli, "find_compass_source", lambda: (None, "no source in /nowhere"))
     refusal, _ = cli.preflight(cli.build_parser().parse_args(["--real-director"]))
     assert refusal == "--real-director needs the pinned Compass source: no source in /nowhere"
+    # The real Connector exchanges the real Director's tokens: not without it.
+    refusal, _ = cli.preflight(cli.build_parser().parse_args(["--real-connector"]))
+    assert refusal == (
+        "--real-connector needs --real-director: it exchanges the real Director's tokens"
+    )
 
 
 @pytest.mark.timeout(120)
@@ -398,22 +403,41 @@ def test_the_demo_with_the_real_compass_runtime_agent(tmp_path: Path) -> None:
     assert took_seconds(out) < 240
 
 
-# Both real: the real agent syncs with the real Director through the gateway's mTLS side.
+# The whole real path: the real Director, Connector, hydrator and Oathkeeper take the broker's
+# tokens, and the real agent syncs over the certificate-secured side (our front in Istio's place).
 @pytest.mark.timeout(420)
-def test_the_demo_with_the_real_director_and_the_real_compass_runtime_agent(
+def test_the_demo_on_the_real_director_connector_and_compass_runtime_agent(
     tmp_path: Path,
 ) -> None:
     where, reason = find_compass_source()
     if where is None:
         pytest.skip(f"the real Compass Director cannot be built here: {reason}")
     _real_runtime_agent_or_skip()
+    refusal = cli.preflight(cli.build_parser().parse_args(["--real-director", "--real-connector"]))[
+        0
+    ]
+    if refusal is not None:
+        pytest.skip(refusal)
     workdir = tmp_path / "demo"
-    out = run_demo(workdir, "--real-director", "--real-runtime-agent", timeout=400)
+    out = run_demo(
+        workdir, "--real-director", "--real-connector", "--real-runtime-agent", timeout=400
+    )
     check_story(
         out,
-        compass="The real Compass Director (kyma-incubator/compass a423d60704) behind our gateway",
+        compass=(
+            "The real Compass Director, Connector, hydrator and Oathkeeper (kyma-incubator/compass "
+            "a423d60704, ory/oathkeeper v0.40.6)"
+        ),
         runtime_agent_b="compass-runtime-agent (real, 859cac3)",
     )
+    assert "then the Connector: all real" in out
     assert "a client certificate's CN names the runtime's SystemAuth" in out
-    assert re.search(r"Synchronized: client certificate CN=[0-9a-f-]{36}, O=kyma-compass-pull", out)
+    # Named by the real Connector, with Compass's default subject.
+    assert re.search(r"Synchronized: client certificate CN=[0-9a-f-]{36}, O=Org", out)
+    listed = {e["name"] for e in json.loads((workdir / "processes.json").read_text())}
+    assert {
+        "real-director-oathkeeper",
+        "real-director-hydrator",
+        "real-director-connector",
+    } <= listed
     assert took_seconds(out) < 240
