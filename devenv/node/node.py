@@ -57,6 +57,10 @@ class NodeUnavailable(NodeError):
     """This machine cannot run a node (not root, no containerd, no cgroups): tests skip."""
 
 
+class NodeBusy(NodeError):
+    """Another process runs this machine's one node (another test run on a shared machine)."""
+
+
 @dataclass(frozen=True)
 class NodeBinaries:
     folder: Path
@@ -246,7 +250,7 @@ def _acquire_machine_lock() -> IO[str]:
         lock.seek(0)
         holder = lock.read().strip() or "another process"
         lock.close()
-        raise NodeError(f"a node already runs on this machine ({holder}); one at a time") from None
+        raise NodeBusy(f"a node already runs on this machine ({holder}); one at a time") from None
     lock.seek(0)
     lock.truncate()
     lock.write(f"pid {os.getpid()}\n")

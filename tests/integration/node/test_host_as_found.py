@@ -10,9 +10,10 @@ always) are put back as soon as the node is Ready, not only at the end.
 
 from __future__ import annotations
 
+import pytest
 from kubernetes import client
 
-from devenv.node import HOST_IP, host, snapshot, start_node_cluster
+from devenv.node import HOST_IP, NodeBusy, host, snapshot, start_node_cluster
 from devenv.node import images as node_images
 from tests.integration.node.conftest import (
     RESTRICTED,
@@ -28,7 +29,10 @@ from tests.integration.node.conftest import (
 def test_a_node_with_pods_leaves_the_host_as_it_found_it(node_slot: NodeSlot) -> None:
     node_slot.release()
     before = snapshot()
-    node = start_node_cluster("host-check")
+    try:
+        node = start_node_cluster("host-check")
+    except NodeBusy as exc:  # a shared machine; CI runs alone
+        pytest.skip(str(exc))
     try:
         running_sysctls = {k: host.read_sysctl(k) for k in host.KUBELET_TUNABLES}
         node.import_image(node_images.probe_archive())
