@@ -11,8 +11,9 @@ control plane. It listens on the pod bridge's host address, where the pod reache
   is Available.
 - The pod deleted in the middle of its pull (Director slow) -> its successor, made by the
   ReplicaSet, finishes: one registration, at most one extra token.
-- Readiness follows the broker: broker stopped while the agent must pull -> the Deployment
-  Available=False; the broker back on the same address -> Available=True, and the secret written.
+- Readiness follows the broker: the broker stopped, then the module enabled (the agent must pull)
+  -> the Deployment Available=False; the broker back on the same address -> Available=True, and
+  the secret written.
 """
 
 from __future__ import annotations
@@ -216,10 +217,12 @@ def test_the_agent_pod_connects_with_its_projected_token_and_readiness_follows_t
     installed: Installed, sim: Any
 ) -> None:
     started = time.monotonic()
+    installed.broker.start()
     wait_until(lambda: installed.available() == "True", within=90, what="the agent Available")
     print(f"agent Deployment Available {time.monotonic() - started:.1f}s after helm install")
 
-    # The module enabled while the broker is away: the agent must pull and gets no answer.
+    # The broker stopped, then the module enabled: the agent must pull and gets no answer.
+    installed.broker.stop()
     installed.enable_module()
     wait_until(
         lambda: installed.available() == "False",
@@ -228,7 +231,7 @@ def test_the_agent_pod_connects_with_its_projected_token_and_readiness_follows_t
     )
     assert installed.secret() is None
 
-    # The broker comes (back) on the address the chart names: the projected token passes its
+    # The broker back on the address the chart names: the projected token passes its
     # TokenReview on the node cluster, the runtime is registered, the secret written.
     installed.broker.start()
     data = wait_until(installed.secret, within=60, what="compass-agent-configuration")
