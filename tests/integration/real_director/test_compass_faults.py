@@ -258,9 +258,14 @@ def refused(fleet: Fleet) -> list[str]:
 
 def not_told_to_come_back(fleet: Fleet) -> list[str]:
     """Answers other than a token that did not say when to come back (429 or 503 with
-    Retry-After): Compass failing only delays a connection, it never fails it."""
+    Retry-After): Compass failing only delays a connection, it never fails it. A request the
+    fleet gave up on (its own timeout on a machine loaded by other work) is no answer of the
+    broker's: the agent asks again, as the fleet does, and the other checks still hold."""
     other = fleet.answers(
-        lambda x: x.status != 201 and not (x.status in (429, 503) and x.retry_after is not None)
+        lambda x: (
+            x.status not in (201, TRANSPORT_ERROR)
+            and not (x.status in (429, 503) and x.retry_after is not None)
+        )
     )
     if not other:
         return []
