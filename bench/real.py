@@ -63,6 +63,7 @@ from bench.keys import new_runtime_keys
 from bench.plan import RunSpec
 from bench.procs import CLOCK_TICKS, Child, CpuSnapshot, cpu_by_role
 from bench.progress import Progress
+from bench.report import merge_marked_section
 from bench.results import Plan
 from bench.scenarios import ADMISSION_GAUGES, RUNTIME_ID_LABEL, Bench, BenchConfig, label_value
 from bench.stack import ApiServer, Simulator, global_account
@@ -216,18 +217,8 @@ def admission_summary(rows: Sequence[Mapping[str, str]]) -> dict[str, dict[str, 
 
 
 def merge_section(text: str, section: str) -> str:
-    """`text` with the bench.real section replaced (or added before `## Notes`, else at the
-    end), everything else unchanged."""
-    block = f"{SECTION_BEGIN}\n{section.strip()}\n{SECTION_END}"
-    if SECTION_BEGIN in text and SECTION_END in text:
-        head, _, rest = text.partition(SECTION_BEGIN)
-        _, _, tail = rest.partition(SECTION_END)
-        return head + block + tail
-    marker = "\n## Notes"
-    if marker in text:
-        head, _, tail = text.partition(marker)
-        return f"{head.rstrip()}\n\n{block}\n{marker}{tail}"
-    return f"{text.rstrip()}\n\n{block}\n"
+    """`text` with the bench.real section replaced (`bench.report.merge_marked_section`)."""
+    return merge_marked_section(text, section, begin=SECTION_BEGIN, end=SECTION_END)
 
 
 # --- results -------------------------------------------------------------------------------------

@@ -1023,3 +1023,19 @@ def findings(report: BenchReport) -> list[str]:
                 f"caller, {loaded:.1f} ms with {steady.callers}."
             )
     return out
+
+
+def merge_marked_section(text: str, section: str, *, begin: str, end: str) -> str:
+    """`text` with the section between the markers `begin` and `end` replaced (or added before
+    `## Notes`, else at the end), everything else unchanged: each scenario that owns a section
+    of docs/benchmarks.md rewrites only its own."""
+    block = f"{begin}\n{section.strip()}\n{end}"
+    if begin in text and end in text:
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
+        return head + block + tail
+    marker = "\n## Notes"
+    if marker in text:
+        head, _, tail = text.partition(marker)
+        return f"{head.rstrip()}\n\n{block}\n{marker}{tail}"
+    return f"{text.rstrip()}\n\n{block}\n"

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from bench.report import merge_marked_section
+
 SECTION_BEGIN = "<!-- bench.sessions_cut: begin (python -m bench.real --scenarios cut) -->"
 SECTION_END = "<!-- bench.sessions_cut: end -->"
 JSON_KEY = "sessions_cut"
@@ -109,13 +111,8 @@ def render(runs: Sequence[CutRun]) -> str:
 
 
 def merge_section(text: str, section: str) -> str:
-    """`text` with the scenario's section replaced, or appended when it has none."""
-    block = f"{SECTION_BEGIN}\n{section.strip()}\n{SECTION_END}"
-    if SECTION_BEGIN in text and SECTION_END in text:
-        head, _, rest = text.partition(SECTION_BEGIN)
-        _, _, tail = rest.partition(SECTION_END)
-        return head + block + tail
-    return text.rstrip("\n") + "\n\n" + block + "\n"
+    """`text` with this section replaced (`bench.report.merge_marked_section`)."""
+    return merge_marked_section(text, section, begin=SECTION_BEGIN, end=SECTION_END)
 
 
 def from_json(data: Any) -> list[CutRun]:

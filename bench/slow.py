@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.report import merge_marked_section
+
 SECTION_BEGIN = "<!-- bench.slow: begin (python -m bench --scenarios slow rewrites its row) -->"
 SECTION_END = "<!-- bench.slow: end -->"
 JSON_KEY = "slow_director"
@@ -392,17 +394,8 @@ def render(runs: Sequence[SlowRun]) -> str:
 
 
 def merge_section(text: str, section: str) -> str:
-    """`text` with this section replaced (or added before `## Notes`, else at the end)."""
-    block = f"{SECTION_BEGIN}\n{section.strip()}\n{SECTION_END}"
-    if SECTION_BEGIN in text and SECTION_END in text:
-        head, _, rest = text.partition(SECTION_BEGIN)
-        _, _, tail = rest.partition(SECTION_END)
-        return head + block + tail
-    marker = "\n## Notes"
-    if marker in text:
-        head, _, tail = text.partition(marker)
-        return f"{head.rstrip()}\n\n{block}\n{marker}{tail}"
-    return f"{text.rstrip()}\n\n{block}\n"
+    """`text` with this section replaced (`bench.report.merge_marked_section`)."""
+    return merge_marked_section(text, section, begin=SECTION_BEGIN, end=SECTION_END)
 
 
 def from_json(data: Any) -> list[SlowRun]:
