@@ -1,7 +1,8 @@
 """Connection reports: what the agent tells the broker about its runtime's Compass connection
 (`POST /v1/runtimes/{id}/connection`), and when.
 
-A report says `connectionState` (a CompassConnection state, or `NotFound` while there is none),
+A report says `connectionState` (a CompassConnection state, or `NotFound` while there is none,
+or while it says `ConnectionFailed` and the runtime holds no token secret: nothing was tried),
 the client certificate's `notAfter`, the runtime agent's last error, the SHA-256 of the last
 token the agent wrote, and when it read all that. It is sent when the first four change and
 otherwise as a heartbeat every `min(AGENT_REPORT_INTERVAL_SECONDS, the broker's
@@ -105,6 +106,13 @@ def build_report(
                 else "CompassConnection has an unknown connectionState: "
                 + _clean(state, _QUOTED_STATE_CHARS)
             )
+        state = NOT_FOUND
+    elif token is None and state == ConnectionState.CONNECTION_FAILED:
+        # No token secret: compass-runtime-agent had nothing to try (it runs only while the
+        # secret exists, so its failure is about no token, or an old one). Said as not tried
+        # yet, so the control plane shows a runtime waiting for its token, not a failed one.
+        said = "no token in the runtime yet"
+        error = (f"{said}; CompassConnection: {error}" if error else said)[:MAX_ERROR_CHARS]
         state = NOT_FOUND
     return ConnectionReport(state, connection.certificate_not_after, error, digest, now)
 

@@ -10,6 +10,9 @@ What always holds:
   except for a runtime that was handed a token and has not reported Connected since, for
   longer than the connect deadline: then `False` with reason `NotConnectedAfterToken`. Reports
   and the leader's periodic check judge with the same function, so they never undo each other;
+- a runtime that reports no CompassConnection (`NotFound`) and has no token (none issued by the
+  broker, none written by its agent) is `Connected` `False` with reason `AwaitingToken`: the
+  printer column STATE shows the reason, so such a runtime never reads as a failed connection;
 - a revoked runtime (the operator's annotation on its mapping) is `Connected` `False` with reason
   `Revoked` whatever it last reported: its tokens and reports are refused, so `kubectl get` must
   not go on showing it connected; lifting the revocation gives the last report's word back (or
@@ -37,6 +40,7 @@ from control_plane_broker.revocation import revocation_rules
 from control_plane_broker.text import for_humans
 
 # The CompassConnection states (status.connectionState), and NotFound when there is none.
+NOT_FOUND = "NotFound"
 CONNECTED_STATES = frozenset(
     {
         "Connected",
@@ -46,7 +50,7 @@ CONNECTED_STATES = frozenset(
         "MetadataUpdateFailed",
     }
 )
-NOT_CONNECTED_STATES = frozenset({"ConnectionFailed", "ConnectionMaintenanceFailed", "NotFound"})
+NOT_CONNECTED_STATES = frozenset({"ConnectionFailed", "ConnectionMaintenanceFailed", NOT_FOUND})
 STATES = tuple(sorted(CONNECTED_STATES | NOT_CONNECTED_STATES))
 UNKNOWN = "unknown"  # the fleet gauge's label for a runtime that never reported
 
@@ -54,6 +58,7 @@ CONNECTED = "Connected"
 REPORTS_STALE = "ReportsStale"
 NOT_CONNECTED_AFTER_TOKEN = "NotConnectedAfterToken"  # noqa: S105 (a reason, no secret)
 REVOKED = "Revoked"
+AWAITING_TOKEN = "AwaitingToken"  # noqa: S105 (a reason, no secret)
 EVENT_NOT_CONNECTED = "RuntimeNotConnected"
 EVENT_CONNECTION_FAILED = "RuntimeConnectionFailed"
 # Reported states that mean the runtime tried and failed to connect (NotFound: not tried yet).
@@ -244,6 +249,12 @@ def _connected_condition(
         return False, NOT_CONNECTED_AFTER_TOKEN, message
     if record is None:
         return None
+    if record.state == NOT_FOUND and token_at is None and record.token_sha256 is None:
+        # Not tried yet because there is nothing to try with: neither did this broker issue a
+        # token nor does the runtime hold one the agent wrote.
+        said = "no one-time token in the runtime yet"
+        error = for_humans(record.last_error or "")
+        return False, AWAITING_TOKEN, f"{said}; {error}" if error else said
     # A record written before reports were cleaned may still hold control characters.
     return (
         record.connected,

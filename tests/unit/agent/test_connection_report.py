@@ -75,6 +75,9 @@ def our_secret(token: str) -> dict[str, Any]:
     }
 
 
+HOLDING_A_TOKEN = TokenRecord.from_secret(our_secret("ott-secret-value"))
+
+
 # -- what a report says --------------------------------------------------------------------------
 
 
@@ -112,7 +115,7 @@ def test_the_runtime_agents_error_is_reported_and_truncated_to_1024_chars() -> N
     raw = compass_connection(
         {"connectionState": "ConnectionFailed", "connectionStatus": {"error": "x" * 5000}}
     )
-    document = report_of(raw)
+    document = report_of(raw, HOLDING_A_TOKEN)
     assert document["connectionState"] == "ConnectionFailed"
     assert document["lastError"] == "x" * MAX_ERROR_CHARS
 
@@ -121,7 +124,7 @@ def test_multibyte_errors_are_cut_further_to_keep_the_body_within_4_kib() -> Non
     raw = compass_connection(
         {"connectionState": "ConnectionFailed", "connectionStatus": {"error": "😀" * 2000}}
     )
-    document = report_of(raw)
+    document = report_of(raw, HOLDING_A_TOKEN)
     assert 0 < len(document["lastError"]) < MAX_ERROR_CHARS
     assert set(document["lastError"]) == {"😀"}
 
@@ -132,8 +135,31 @@ def test_lone_surrogates_and_control_characters_do_not_break_the_body() -> None:
     status = json.loads(
         '{"connectionState": "ConnectionFailed", "connectionStatus": {"error": "' + error + '"}}'
     )
-    document = report_of(compass_connection(status))
+    document = report_of(compass_connection(status), HOLDING_A_TOKEN)
     assert document["lastError"] == "bad ? \x20\x20[31m red\nline"
+
+
+def test_connection_failed_without_a_token_secret_is_not_tried_yet_not_a_failure() -> None:
+    raw = compass_connection(
+        {
+            "connectionState": "ConnectionFailed",
+            "connectionStatus": {"error": "Failed to retrieve certificate: secret not found"},
+        }
+    )
+    assert report_of(raw) == {
+        "connectionState": NOT_FOUND,
+        "lastError": "no token in the runtime yet; CompassConnection: Failed to retrieve "
+        "certificate: secret not found",
+        "observedAt": "2026-12-03T15:00:00.000Z",
+    }
+    long = compass_connection(
+        {"connectionState": "ConnectionFailed", "connectionStatus": {"error": "x" * 5000}}
+    )
+    assert len(report_of(long)["lastError"]) == MAX_ERROR_CHARS
+    # With a token secret (the agent's or anyone's) the failure is about that token.
+    someone_elses = TokenRecord.from_secret({"data": {"TOKEN": "b3R0"}})
+    assert report_of(raw, someone_elses)["connectionState"] == "ConnectionFailed"
+    assert report_of(raw, HOLDING_A_TOKEN)["connectionState"] == "ConnectionFailed"
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import unicodedata
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,6 +23,7 @@ from control_plane_broker.connections.report_rules import (
 from control_plane_broker.registration import state
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.text import for_humans
+from tests.conftest import REPO_ROOT
 
 LIMITS = Limits(refresh_seconds=3600, stale_seconds=7200, connect_deadline_seconds=900)
 T0 = 1_800_000_000.0  # 2027-01-15
@@ -462,3 +464,46 @@ def test_lifting_the_revocation_of_a_runtime_that_never_reported_says_nothing() 
     )
     back = applied(lifted, check(lifted, now=T0 + 1, limits=LIMITS))
     assert cond(back, "Connected") is None
+
+
+def test_a_runtime_without_a_token_awaits_one_and_never_reads_as_a_failed_connection() -> None:
+    first = record_report(
+        mapping(), report("NotFound", last_error="no token secret"), now=T0, limits=LIMITS
+    )
+    assert first is not None
+    assert first.events == ()
+    waiting = applied(mapping(), first)
+    c = cond(waiting, "Connected")
+    assert c is not None
+    assert (c["status"], c["reason"], c["message"]) == (
+        "False",
+        "AwaitingToken",
+        "no one-time token in the runtime yet; no token secret",
+    )
+    assert waiting.connection is not None
+    assert waiting.connection.state == "NotFound"  # what the agent said stays recorded
+    # A token issued by this broker, or one the agent wrote (its digest reported), is something
+    # to connect with: NotFound then means the runtime agent has not tried yet.
+    tokened = mapping({"lastTokenIssuedAt": state.to_rfc3339(T0)})
+    issued = applied(tokened, record_report(tokened, report("NotFound"), now=T0, limits=LIMITS))
+    assert (cond(issued, "Connected") or {}).get("reason") == "NotFound"
+    written = record_report(mapping(), report("NotFound", token_sha256=SHA), now=T0, limits=LIMITS)
+    assert (cond(applied(mapping(), written), "Connected") or {}).get("reason") == "NotFound"
+
+
+def test_state_and_connected_columns_read_the_one_connected_condition() -> None:
+    """STATE must agree with CONNECTED (a revoked runtime reads Revoked, not what it last
+    reported): both columns are the Connected condition's reason and status."""
+    crd = yaml.safe_load(
+        (
+            REPO_ROOT
+            / "charts/compass-broker/crds/compassmanagermappings.operator.kyma-project.io.yaml"
+        ).read_text()
+    )
+    columns = {
+        c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    }
+    condition = '.status.conditions[?(@.type=="Connected")]'
+    assert columns["State"] == f"{condition}.reason"
+    assert columns["Connected"] == f"{condition}.status"
+    assert columns["Reported"] == ".status.connection.state"
