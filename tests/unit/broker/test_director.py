@@ -274,7 +274,7 @@ async def test_concurrency_limit_bounds_calls_in_flight() -> None:
         asyncio.create_task(client.runtimes_by_label(tenant="t", key="k", value="v"))
         for _ in range(6)
     ]
-    await asyncio.sleep(0.1)
+    await until(lambda: in_flight + limiter.snapshot().waiting == 6, what="all six calls asked")
     assert peak == 2
     release.set()
     await asyncio.gather(*tasks)
@@ -385,9 +385,9 @@ async def test_calls_queued_when_the_breaker_opens_do_not_reach_director() -> No
         reached.append("queued")
 
     first = asyncio.create_task(limiter.call(failing))
-    await asyncio.sleep(0.01)
+    await until(lambda: reached == ["first"], what="the first call to reach Director")
     second = asyncio.create_task(limiter.call(queued))  # admitted while closed, waits for a slot
-    await asyncio.sleep(0.01)
+    await until(lambda: limiter.snapshot().waiting == 1, what="the second call to queue")
     release.set()
     with pytest.raises(DirectorRetryable):
         await first

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import selectors
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -30,44 +28,11 @@ from control_plane_broker.api.problems import problem_for
 from control_plane_broker.errors import TemporaryError
 from control_plane_broker.overload import circuit_breaker as cb
 from control_plane_broker.overload.director_limiter import DirectorLimiter
+from tests.unit.broker.virtual_time import VirtualLoop
 
 AGENT_TIMEOUT = 30.0
 DEADLINE = 25.0  # BROKER_REQUEST_DEADLINE_SECONDS
 JITTER = 5.0  # BROKER_RETRY_AFTER_JITTER_SECONDS
-
-
-class _Selector(selectors.BaseSelector):
-    """Selects nothing and moves the loop's clock to the next timer instead of waiting."""
-
-    def __init__(self, clock: list[float]) -> None:
-        self._clock = clock
-        self._keys: dict[Any, selectors.SelectorKey] = {}
-
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        key = selectors.SelectorKey(fileobj, 0, events, data)
-        self._keys[fileobj] = key
-        return key
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._keys.pop(fileobj)
-
-    def select(self, timeout: float | None = None) -> list[Any]:
-        if timeout is None:
-            raise RuntimeError("nothing scheduled: the model would wait forever")
-        self._clock[0] += max(timeout, 0.0)
-        return []
-
-    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
-        return self._keys
-
-
-class VirtualLoop(asyncio.SelectorEventLoop):
-    def __init__(self) -> None:
-        self.now = [0.0]
-        super().__init__(_Selector(self.now))
-
-    def time(self) -> float:
-        return self.now[0]
 
 
 async def cold_start(
