@@ -34,6 +34,7 @@ from control_plane_broker.settings import Settings
 from kubeapi import ClusterAccess, KubeClient, KubeUnavailable, describe_transport_error
 from observability.logs import JsonFormatter
 from tests.integration.waiting import eventually
+from tests.unit.broker.virtual_time import VirtualLoop
 
 PROBLEM = "urn:kyma-compass-pull:broker:problem:"
 SECRET_TEXT = "eyJhbGciOiJSUzI1NiJ9.caller-input"
@@ -266,25 +267,43 @@ async def test_kyma_view_is_synced_only_after_a_complete_list() -> None:
         await client.aclose()
 
 
-async def test_kyma_view_does_not_spin_on_watch_streams_that_end_at_once() -> None:
+def test_kyma_view_does_not_spin_on_watch_streams_that_end_at_once() -> None:
+    """On virtual time (tests/unit/broker/virtual_time.py): a watch that ends at once is
+    followed by the delay, so in 1.05 s with a delay of 0.1 s the view watches at 0, 0.1, ...,
+    1.0 s: 11 times, each end followed by one more quick end counted for the delay."""
     watches: list[int] = []
+    asked: list[int] = []
 
     def kcp(request: httpx.Request) -> httpx.Response:
         if request.url.params.get("watch"):
             watches.append(1)
+            if len(watches) > 100:  # spinning: virtual time stands still, so end it here
+                raise AssertionError("the view spins on watch streams")
             return httpx.Response(200, text="")  # ends at once, no events
         return httpx.Response(200, json={"metadata": {"resourceVersion": "5"}, "items": []})
 
-    client = kcp_client(kcp)
-    view = kyma_informer(client, namespace="kcp-system", delay=lambda _: 0.1)
-    task = asyncio.create_task(view.run())
+    def delay(quick_ends: int) -> float:
+        asked.append(quick_ends)
+        return 0.1
+
+    async def scenario() -> None:
+        client = kcp_client(kcp)
+        view = kyma_informer(client, namespace="kcp-system", delay=delay)
+        task = asyncio.create_task(view.run())
+        try:
+            await asyncio.sleep(1.05)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.aclose()
+
+    loop = VirtualLoop()
     try:
-        await asyncio.sleep(0.5)
-        assert 1 <= len(watches) <= 10  # paced by the delay, not thousands
+        loop.run_until_complete(scenario())
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await client.aclose()
+        loop.close()
+    assert len(watches) == 11  # paced by the delay, not thousands
+    assert asked == list(range(1, 12))
 
 
 # --- the connection report endpoint ------------------------------------------------------------
