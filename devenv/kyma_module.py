@@ -16,8 +16,9 @@ module's NetworkPolicies present; no Namespace and no Secret; nothing that names
 (no broker URL, no runtime ID) — the same bytes for every cluster of every landscape.
 
 `as_lifecycle_manager_renders` is what lifecycle-manager does to each object before its
-server-side apply (namespace defaulting to kyma-system, its label and annotations); tests and
-the demo apply the manifest through it.
+server-side apply (namespace defaulting to kyma-system, its labels and annotations); tests and
+the demo apply the manifest through it. tests/integration/klm checks it against the real
+lifecycle-manager's objects.
 """
 
 from __future__ import annotations
@@ -46,7 +47,13 @@ MANAGED_BY_LABEL = "operator.kyma-project.io/managed-by"
 MANAGED_BY_VALUE = "kyma"
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 PART_OF_VALUE = "Kyma"
-OWNED_BY_ANNOTATION = "operator.kyma-project.io/owned-by"
+# The Manifest that owns the object, `<kcp namespace>/<Manifest name>` (renamed from
+# operator.kyma-project.io/owned-by in lifecycle-manager 1.12; api/shared/operator_labels.go).
+OWNED_BY_ANNOTATION = "deprecated-operator.kyma-project.io/owned-by"
+# The Manifest's name again, as a label (KymaComponentTransform); it overrides the chart's own.
+COMPONENT_LABEL = "app.kubernetes.io/component"
+WATCHED_BY_LABEL = "operator.kyma-project.io/watched-by"
+RUNTIME_ID_LABEL = "kyma-project.io/runtime-id"
 DISCLAIMER_ANNOTATION = "operator.kyma-project.io/managed-by-reconciler-disclaimer"
 DISCLAIMER = (
     "DO NOT EDIT - This resource is managed by Kyma.\n"
@@ -191,9 +198,10 @@ def dump_manifest(objects: Sequence[Mapping[str, Any]]) -> str:
 def as_lifecycle_manager_renders(
     objects: Sequence[Mapping[str, Any]], *, owner: str, namespace: str = KYMA_NAMESPACE
 ) -> list[Obj]:
-    """Each object as lifecycle-manager applies it: namespaced objects without a namespace get
-    `namespace`; every object gets its managed-by and part-of labels, the owned-by annotation
-    (`<kcp namespace>/<manifest name>`) and the do-not-edit disclaimer."""
+    """Each object as lifecycle-manager applies it (render/default_transforms.go): namespaced
+    objects without a namespace get `namespace`; every object gets the managed-by, part-of and
+    component (the Manifest's name) labels, the owned-by annotation (`owner`, which is
+    `<kcp namespace>/<Manifest name>`) and the do-not-edit disclaimer."""
     out = []
     for raw in objects:
         obj = copy.deepcopy(dict(raw))
@@ -205,6 +213,7 @@ def as_lifecycle_manager_renders(
             **labels,
             MANAGED_BY_LABEL: MANAGED_BY_VALUE,
             PART_OF_LABEL: PART_OF_VALUE,
+            COMPONENT_LABEL: owner.rpartition("/")[2],
         }
         annotations = metadata.get("annotations") or {}
         metadata["annotations"] = {
@@ -214,6 +223,30 @@ def as_lifecycle_manager_renders(
         }
         out.append(obj)
     return out
+
+
+def as_lifecycle_manager_syncs_to_runtime(catalog_object: Mapping[str, Any]) -> Obj:
+    """A KCP ModuleTemplate or ModuleReleaseMeta as lifecycle-manager copies it into a runtime
+    whose Kyma may see it (beta here): into kyma-system, with the managed-by label
+    (remote/moduletemplate_syncworker.go, modulereleasemeta_syncworker.go)."""
+    obj = copy.deepcopy(dict(catalog_object))
+    metadata = obj.setdefault("metadata", {})
+    metadata["namespace"] = KYMA_NAMESPACE
+    metadata["labels"] = {**(metadata.get("labels") or {}), MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+    return obj
+
+
+def runtime_kyma_marks(
+    kcp_kyma: str, runtime_id: str, *, kcp_namespace: str = KCP_NAMESPACE
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations lifecycle-manager keeps on a managed runtime's own Kyma
+    `kyma-system/default` (remote/skr_context.go): the agent reads the runtime ID there."""
+    labels = {
+        RUNTIME_ID_LABEL: runtime_id,
+        MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+        WATCHED_BY_LABEL: MANAGED_BY_VALUE,
+    }
+    return labels, {OWNED_BY_ANNOTATION: f"{kcp_namespace}/{kcp_kyma}"}
 
 
 # -- ModuleTemplates -------------------------------------------------------------------------

@@ -81,6 +81,7 @@ def test_lifecycle_manager_defaults_the_namespace_and_adds_its_marks() -> None:
     for obj in rendered:
         assert obj["metadata"]["labels"][km.MANAGED_BY_LABEL] == "kyma"
         assert obj["metadata"]["labels"][km.PART_OF_LABEL] == "Kyma"
+        assert obj["metadata"]["labels"][km.COMPONENT_LABEL] == "rt-1-compass-agent"
         annotations = obj["metadata"]["annotations"]
         assert annotations[km.OWNED_BY_ANNOTATION] == "kcp-system/rt-1-compass-agent"
         assert annotations[km.DISCLAIMER_ANNOTATION].startswith("DO NOT EDIT")
