@@ -726,13 +726,17 @@ class Demo:
         names = " and ".join(f"runtime {key}" for key in connected)
         self.story.step(f"KCP: kubectl get compassmanagermappings -n {world.KCP_NAMESPACE}")
         for key in connected:
-            spec = self.specs[key]
+            runtime = self.runtimes[key]
 
-            def row_connected(spec: RuntimeSpec = spec) -> str | None:
-                return _row_connected(world.mapping_row(self.kcp, spec))
+            def row_connected(runtime: Runtime = runtime) -> str | None:
+                # What the runtime says now: the real agent goes on from Connected to
+                # Synchronized, and the mapping is shown once it has been told so too.
+                said = world.connection_state(runtime.cluster)
+                return _row_says(world.mapping_row(self.kcp, runtime.spec), said)
 
             self.story.wait_for(
-                f"agent {key} reports its CompassConnection; the mapping says Connected",
+                f"agent {key} reports its CompassConnection; the mapping says "
+                f"{world.connection_state(runtime.cluster)}",
                 row_connected,
                 timeout=self._timeout(20),
                 guard=self._guard,
@@ -935,13 +939,15 @@ class Demo:
                 problems.append(f"{spec.title}: {registration} in Compass, expected one")
             calls = self.compass.director_calls(spec.global_account)
             secret = world.token_secret(runtime.cluster)
+            said = world.connection_state(runtime.cluster)
             summary.rows.append(
                 [
                     spec.title,
                     runtime.compass_runtime_id or "-",
                     registration,
                     "yes" if secret else "no",
-                    world.connection_state(runtime.cluster),
+                    said,
+                    self._mapping_state(runtime, said),
                     str(calls.total),
                 ]
             )
@@ -953,10 +959,26 @@ class Demo:
             connected = row[4] == ("Synchronized" if real else "Connected")
             if row[2] != expected[key] or not connected or row[3] != "yes":
                 problems.append(f"runtime {key}: {row[2]}, secret {row[3]}, {row[4]}")
+            if row[5] not in (row[4], "-"):
+                problems.append(f"runtime {key}: its mapping says {row[5]}, the runtime {row[4]}")
         self._print_summary(summary)
         if problems:
             raise StepFailed("the end state is not the expected one: " + "; ".join(problems))
         return summary
+
+    def _mapping_state(self, runtime: Runtime, said: str) -> str:
+        """STATE of the runtime's mapping once it says `said`, as the agent's next report
+        tells it (else what it says at the timeout); "-" when there is no mapping."""
+        deadline = time.monotonic() + self._timeout(20)
+        while True:
+            row = world.mapping_row(self.kcp, runtime.spec)
+            if row is None:
+                return "-"
+            state = row.get("STATE", "<none>")
+            if state == said or time.monotonic() > deadline:
+                return state
+            self._guard()
+            time.sleep(0.2)
 
     def _print_summary(self, summary: Summary) -> None:
         self.story.step("Summary")
@@ -966,6 +988,7 @@ class Demo:
             "in Compass",
             "secret",
             "connection",
+            "in KCP",
             "Director calls",
         ]
         self.story.say()
@@ -1085,10 +1108,11 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _row_connected(row: dict[str, str] | None) -> str | None:
-    if row is None or row.get("CONNECTED") != "True":
+def _row_says(row: dict[str, str] | None, state: str) -> str | None:
+    """`state` when the mapping's row says the runtime is connected in that state."""
+    if row is None or row.get("CONNECTED") != "True" or row.get("STATE") != state:
         return None
-    return row.get("STATE") or "Connected"
+    return state
 
 
 def _unrevoked(runtime: Runtime) -> bool:

@@ -220,6 +220,12 @@ def check_story(out: str, *, compass: str, runtime_agent_b: str) -> None:
     b_connected = "Synchronized" if "(real" in runtime_agent_b else "Connected"
     assert (a["in Compass"], a["secret"], a["connection"]) == ("unregistered", "yes", "Connected")
     assert (b["in Compass"], b["secret"], b["connection"]) == ("registered", "yes", b_connected)
+    # KCP's mapping says what the runtime says (A's mapping went with its Kyma).
+    assert (a["in KCP"], b["in KCP"]) == ("-", b_connected)
+    # Before its token, B waits for one: no failed connection in KCP.
+    waiting = out[out.index("the mapping says Connected") : out.index("Compass is back")]
+    assert "AwaitingToken" in waiting, waiting
+    assert "ConnectionFailed" not in waiting, waiting
     assert UUID.match(a["Compass runtime ID"])
     assert UUID.match(b["Compass runtime ID"])
     assert a["Compass runtime ID"] != b["Compass runtime ID"]
