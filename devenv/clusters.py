@@ -488,12 +488,17 @@ def start_cluster(
 def running_cluster(
     name: str, binaries: Binaries | None = None, *, keep_workdir: bool = False
 ) -> Iterator[TestCluster]:
+    """A cluster in a new temporary folder, removed with everything in it (etcd's data, the
+    CA's and the ServiceAccount issuer's private keys, logs: tens of MB) once the cluster has
+    stopped, also when it failed to start; `keep_workdir` or KEEP_CLUSTER_WORKDIRS keep it."""
     workdir = Path(tempfile.mkdtemp(prefix=f"kcp-{name}-"))
-    cluster = start_cluster(name, binaries or find_binaries(), workdir=workdir)
     try:
-        yield cluster
+        cluster = start_cluster(name, binaries or find_binaries(), workdir=workdir)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
     finally:
-        cluster.stop()
         if not keep_workdir and not os.environ.get("KEEP_CLUSTER_WORKDIRS"):
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -522,14 +527,20 @@ def _stop_on_signals() -> None:
 
 def main() -> int:
     """`python -m devenv.clusters`: start one cluster and print its kubeconfig path until
-    SIGINT (Ctrl-C) or SIGTERM, which stop etcd and kube-apiserver before it exits."""
+    SIGINT (Ctrl-C) or SIGTERM, which stop etcd and kube-apiserver and remove the cluster's
+    temporary folder before it exits."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--name", default="dev")
+    parser.add_argument(
+        "--keep-workdir",
+        action="store_true",
+        help="leave the cluster's folder (etcd data, keys, logs) behind for a look after it stops",
+    )
     args = parser.parse_args()
     _stop_on_signals()
     binaries = find_binaries()
     try:
-        with running_cluster(args.name, binaries, keep_workdir=True) as cluster:
+        with running_cluster(args.name, binaries, keep_workdir=args.keep_workdir) as cluster:
             print(
                 f"{cluster.name}: {cluster.server}  KUBECONFIG={cluster.kubeconfig_path}"
                 f"  kubectl: {binaries.kubectl}",

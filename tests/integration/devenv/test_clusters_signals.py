@@ -1,6 +1,7 @@
 """`python -m devenv.clusters` stops what it started: etcd and kube-apiserver end with it on
 SIGINT and on SIGTERM, also when it runs in the background (where a shell starts it with SIGINT
-ignored), and the kubectl it names is the toolchain's, of the API server's release."""
+ignored), and removes the folder it wrote; the kubectl it names is the toolchain's, of the API
+server's release."""
 
 from __future__ import annotations
 
@@ -52,9 +53,10 @@ def _alive(pids: set[int]) -> set[int]:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_background_cluster_stops_everything_on_the_signal(
-    binaries: Binaries, signum: signal.Signals
+    binaries: Binaries, signum: signal.Signals, tmp_path: Path
 ) -> None:
-    env = {**os.environ, "KUBEBUILDER_ASSETS": str(binaries.folder)}
+    env = {**os.environ, "KUBEBUILDER_ASSETS": str(binaries.folder), "TMPDIR": str(tmp_path)}
+    env.pop("KEEP_CLUSTER_WORKDIRS", None)
     # As `python -m devenv.clusters &` from a script: a background job has SIGINT ignored.
     proc = subprocess.Popen(
         # `trap '' INT` leaves SIGINT ignored across exec, as a background job has it.
@@ -100,6 +102,9 @@ def test_a_background_cluster_stops_everything_on_the_signal(
         while _alive(started) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _alive(started) == set(), "etcd or kube-apiserver outlived devenv.clusters"
+        # Its folder (etcd's data, private keys, logs) went with it: nothing left in TMPDIR.
+        assert Path(match["kubeconfig"]).parent.parent == tmp_path
+        assert list(tmp_path.iterdir()) == []
     finally:
         if proc.poll() is None:
             proc.kill()
