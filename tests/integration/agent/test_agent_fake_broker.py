@@ -9,6 +9,7 @@ from datetime import timedelta
 from itertools import pairwise
 
 import httpx
+import pytest
 
 from agent.cluster_objects import EXPIRES_AT_ANNOTATION, ISSUED_AT_ANNOTATION
 from agent.process import Overrides
@@ -68,18 +69,27 @@ def gaps(times: list[float]) -> list[float]:
 async def test_broker_down_at_first_backs_off_then_connects(agent_env: AgentEnv) -> None:
     broker = FakeBroker(token_reply)  # port reserved, nothing listening yet
     recorder = RecordingTransport()
-    # A base of 0.5 s, not less: on a busy CI machine the agent's event loop once stalled
-    # 0.12 s around its first attempt, which a 0.2 s first wait could not tell from doubling.
-    settings = agent_env.settings(broker.url, backoff_base=0.5, backoff_cap=5.0)
-    await agent_env.start(settings, Overrides(broker_transport=recorder, rng=Ceiling()))
+    settings = agent_env.settings(broker.url, backoff_base=0.2, backoff_cap=5.0)
+    agent = await agent_env.start(settings, Overrides(broker_transport=recorder, rng=Ceiling()))
+    # The waits the pull asks for, taken as it sleeps them (BrokerClient's sleep seam).
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await asyncio.sleep(seconds)
+
+    agent.broker._sleep = sleep
     agent_env.put_kyma(modules=["application-connector"])
     try:
         await eventually(lambda: len(recorder.sent) >= 5, within=20, what="five failed attempts")
         assert agent_env.secret() is None
+        # 0.2, 0.4, 0.8, 1.6 s: the policy's steps (base 0.2 s, doubling, the jitter at its
+        # ceiling), as the pull asked to sleep them...
+        assert waits[:4] == pytest.approx([0.2, 0.4, 0.8, 1.6])
+        # ...and waited: each attempt came no sooner than its wait after the one before (a
+        # lower bound only: a busy machine makes gaps longer, never shorter).
         between = gaps(recorder.sent[:5])
-        # 0.5, 1, 2, 4 s: each wait longer than the one before, doubling.
-        assert all(later > earlier * 1.5 for earlier, later in pairwise(between)), between
-        assert between[0] >= 0.15
+        assert all(gap >= wait - 0.001 for gap, wait in zip(between, waits, strict=False)), between
         await broker.start()
         data = await eventually(agent_env.secret_data, within=15, what="the token secret")
         assert data["TOKEN"] == "ott-1"
