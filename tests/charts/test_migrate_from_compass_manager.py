@@ -11,9 +11,7 @@ kind of existing mapping the guide names.
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
+import base64
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devenv.clusters import Binaries, TestCluster, kyma_crds, start_cluster
+from tests.charts import doc_steps
+from tests.charts.doc_steps import shell
 from tests.conftest import REPO_ROOT
 from tests.integration.broker.conftest import (
     GROUP,
@@ -43,45 +43,8 @@ CM_LABELS = {"app.kubernetes.io/component": "compass-manager.kyma-project.io"}
 SUBSTITUTIONS = {"<compass-gateway>": "compass-gateway.example.test"}
 
 
-def doc_step(name: str) -> str:
-    match = re.search(
-        rf"<!-- step: {re.escape(name)} -->\n```sh\n(.*?)```", DOC.read_text(), re.DOTALL
-    )
-    assert match, f"{DOC.name} has no shell block for step {name!r}"
-    script = match.group(1)
-    for placeholder, value in SUBSTITUTIONS.items():
-        script = script.replace(placeholder, value)
-    assert "<" not in script, f"step {name!r} has a placeholder the test does not fill"
-    return script
-
-
-def shell(
-    binaries: Binaries, cluster: TestCluster, script: str
-) -> subprocess.CompletedProcess[str]:
-    """Runs `script` from the repository root with the toolchain's kubectl and helm first."""
-    env = {
-        **os.environ,
-        "PATH": f"{binaries.folder}{os.pathsep}{os.environ.get('PATH', '')}",
-        "KUBECONFIG": str(cluster.kubeconfig_path),
-        "HELM_CACHE_HOME": str(cluster.workdir / "helm-cache"),
-        "HELM_CONFIG_HOME": str(cluster.workdir / "helm-config"),
-        "HELM_DATA_HOME": str(cluster.workdir / "helm-data"),
-    }
-    return subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-
-
-def run_step(binaries: Binaries, cluster: TestCluster, name: str) -> str:
-    result = shell(binaries, cluster, doc_step(name))
-    assert result.returncode == 0, f"step {name!r} failed:\n{result.stdout}\n{result.stderr}"
-    return result.stdout
+def run_step(binaries: Binaries, cluster: TestCluster, name: str, **more: str) -> str:
+    return doc_steps.run_step(binaries, cluster, DOC, name, SUBSTITUTIONS | more)
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +207,11 @@ def test_the_migration_guide_step_by_step(
     assert _replicas(binaries, landscape) == "0"
     assert adopted.kyma_name in listed
 
-    # --- 2. the CRD server-side, then helm; twice: the install and an upgrade -------------
+    # --- 2. the credentials, the CRD server-side, then helm; twice: install and upgrade -----
+    credentials = {"<compass-manager credentials file>": str(creds_file)}
+    run_step(binaries, landscape, "credentials", **credentials)
+    secret = landscape.core.read_namespaced_secret("compass-manager-credentials", NS)
+    assert base64.b64decode(secret.data["credentials.yaml"]) == creds_file.read_bytes()
     listed = run_step(binaries, landscape, "install")
     assert "REVOKED" in listed, listed
     assert "ENROLMENT PENDING" in listed, listed
@@ -325,7 +292,8 @@ def test_the_migration_guide_step_by_step(
         assert sim.runtime(adopted_id) is not None
         # compass-manager's status fields come back with the runtime's next token (the guide
         # says so for a roll-back).
-        assert "registered" not in (_mapping(landscape, adopted.kyma_name) or {})["status"]
+        recorded = _mapping(landscape, adopted.kyma_name) or {}
+        assert "registered" not in (recorded.get("status") or {})
         r = broker.request_token(adopted.runtime_id, adopted.token())
         assert r.status_code == 201, r.text
         assert r.json()["compassRuntimeID"] == adopted_id
