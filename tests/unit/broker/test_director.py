@@ -37,6 +37,7 @@ from control_plane_broker.overload.director_limiter import DirectorLimiter
 from control_plane_broker.settings import DirectorCredentials, load_director_credentials
 from control_plane_broker.singleflight import SingleFlight
 from tests.unit.broker.conditions import until
+from tests.unit.broker.virtual_time import run_virtually
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = REPO_ROOT.parent / "shared" / "compass-api" / "director.graphql"
@@ -302,7 +303,8 @@ async def test_runtimes_by_label_pages_and_filters_by_json_value() -> None:
     await http.aclose()
 
 
-async def test_single_flight_shares_one_execution() -> None:
+def test_single_flight_shares_one_execution() -> None:
+    """On virtual time: the work's 0.05 s pass only once all 50 callers have asked."""
     flights: SingleFlight[int] = SingleFlight()
     runs = 0
 
@@ -312,8 +314,10 @@ async def test_single_flight_shares_one_execution() -> None:
         await asyncio.sleep(0.05)
         return 42
 
-    results = await asyncio.gather(*(flights.do("k", work) for _ in range(50)))
-    assert results == [42] * 50
+    async def callers() -> list[int]:
+        return await asyncio.gather(*(flights.do("k", work) for _ in range(50)))
+
+    assert run_virtually(callers()) == [42] * 50
     assert runs == 1
     assert not flights.in_flight("k")
 
@@ -534,10 +538,11 @@ def test_queued_call_rules(breaker: cb.Breaker, probe: bool, leaves: bool, wait:
     assert cb.seconds_until_probe(breaker, policy, now=110.0) == wait
 
 
-async def test_callers_waiting_for_a_failed_oauth_fetch_share_its_failure() -> None:
+def test_callers_waiting_for_a_failed_oauth_fetch_share_its_failure() -> None:
     """In an outage, the callers queued behind one failing token fetch must not each call the
     token endpoint again, nor one arriving just after it; a caller arriving a second after that
-    failure (half a second) does try again."""
+    failure (half a second) does try again. On virtual time: the fetch's 0.05 s pass only once
+    all eight callers have asked."""
     calls = 0
     answer = 503
 
@@ -549,21 +554,25 @@ async def test_callers_waiting_for_a_failed_oauth_fetch_share_its_failure() -> N
             return httpx.Response(answer)
         return httpx.Response(200, json={"access_token": "a", "expires_in": 300})
 
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    clock = Clock()
-    source = OAuthTokenSource(http, CREDS, scope="s", clock=clock)
-    results = await asyncio.gather(*(source.token() for _ in range(8)), return_exceptions=True)
-    assert all(isinstance(r, DirectorRetryable) for r in results)
-    assert calls == 1
-    answer = 200
-    clock.now += 0.4  # passed the breaker before the failure opened it: told the failure
-    with pytest.raises(DirectorRetryable):
-        await source.token()
-    assert calls == 1
-    clock.now += 0.1
-    assert await source.token() == "a"
-    assert calls == 2
-    await http.aclose()
+    async def scenario() -> None:
+        nonlocal answer
+        http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        clock = Clock()
+        source = OAuthTokenSource(http, CREDS, scope="s", clock=clock)
+        results = await asyncio.gather(*(source.token() for _ in range(8)), return_exceptions=True)
+        assert all(isinstance(r, DirectorRetryable) for r in results)
+        assert calls == 1
+        answer = 200
+        clock.now += 0.4  # passed the breaker before the failure opened it: told the failure
+        with pytest.raises(DirectorRetryable):
+            await source.token()
+        assert calls == 1
+        clock.now += 0.1
+        assert await source.token() == "a"
+        assert calls == 2
+        await http.aclose()
+
+    run_virtually(scenario())
 
 
 # --- Director's answers are input: validated at the edge -------------------------------------

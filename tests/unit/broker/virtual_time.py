@@ -9,14 +9,18 @@ does no I/O (an `httpx.MockTransport` is fine): the selector sees no file descri
         loop.run_until_complete(scenario())
     finally:
         loop.close()
+
+or, the same, `run_virtually(scenario())`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class _Selector(selectors.BaseSelector):
@@ -51,3 +55,12 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.now[0]
+
+
+def run_virtually(main: Coroutine[Any, Any, T]) -> T:
+    """Runs `main` to its end on a fresh `VirtualLoop`."""
+    loop = VirtualLoop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        loop.close()
