@@ -29,7 +29,7 @@ from agent.kube.event_reasons import COMPONENT
 from agent.metrics import AgentMetrics
 from agent.reconcile import Reconciler
 from agent.retry_policy import RandomSource, next_delay
-from agent.settings import AgentSettings, IdentityMode, ModuleSignal
+from agent.settings import AgentSettings, IdentityMode, ModuleSignal, split_address
 from kubeapi import (
     JSON,
     EventRecorder,
@@ -56,11 +56,6 @@ class Overrides:
     clock: Callable[[], datetime] = utcnow
     rng: RandomSource | None = None
     extra: dict[str, object] = field(default_factory=dict)
-
-
-def _split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - probes come from outside
 
 
 class Agent:
@@ -147,7 +142,7 @@ class Agent:
             if settings.lease_enabled
             else None
         )
-        host, port = _split_address(settings.health_address)
+        host, port = split_address(settings.health_address)
         self.health = HealthServer(
             host=host,
             port=port,

@@ -1,12 +1,17 @@
 """The agent's one settings object, read from environment variables prefixed `AGENT_`.
 
-Always holds: every duration is in seconds and positive; the broker URL is an absolute
-http(s) URL without a trailing slash; `mtls` identity comes with a certificate and a key.
+Always holds: every number is within the bounds declared on its field here (a duration is in
+seconds, positive and at most a day or an hour); the broker URL is an absolute http(s) URL
+without a trailing slash; `mtls` identity comes with a certificate and a key; the health
+address is `host:port` with a port the kernel accepts. Files named by the settings are checked by
+`startup_problems`, not here: a settings object may describe files that are made later.
 Settings are passed down explicitly, never read from globals.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import ssl
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Self
@@ -15,6 +20,7 @@ from pydantic import AnyHttpUrl, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from agent.retry_policy import RetryPolicy
+from observability.startup_checks import ca_file_problem, reason
 
 DEFAULT_SA_TOKEN_FILE = Path("/var/run/secrets/compass-agent/token")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -32,7 +38,12 @@ class ModuleSignal(StrEnum):
     APPLICATIONCONNECTOR_CR = "applicationconnector-cr"  # an ApplicationConnector CR exists
 
 
-Seconds = Annotated[float, Field(gt=0)]
+# Upper bounds only catch a unit mistake (milliseconds for seconds) or a typo: an agent that
+# would wait weeks to retry looks like an agent that hangs.
+HOUR = 3600.0
+DAY = 86400.0
+Seconds = Annotated[float, Field(gt=0, le=DAY)]
+ShortSeconds = Annotated[float, Field(gt=0, le=HOUR)]
 
 
 class AgentSettings(BaseSettings):
@@ -52,7 +63,7 @@ class AgentSettings(BaseSettings):
     broker_ca_bundle: Path | None = Field(
         default=None, description="CA bundle to verify the broker with; system CAs when unset."
     )
-    broker_timeout: Seconds = Field(default=30.0, description="Timeout of one broker request.")
+    broker_timeout: ShortSeconds = Field(default=30.0, description="Timeout of one broker request.")
 
     # --- identity -------------------------------------------------------------------
     identity_mode: IdentityMode = IdentityMode.SERVICEACCOUNT
@@ -70,7 +81,9 @@ class AgentSettings(BaseSettings):
     service_account_namespace: str | None = Field(
         default=None, description="Namespace of that ServiceAccount; AGENT_NAMESPACE when unset."
     )
-    token_request_seconds: int = Field(default=600, ge=600)
+    # The kubelet's and TokenRequest's minimum; a day is plenty for a token asked for again
+    # before each use.
+    token_request_seconds: int = Field(default=600, ge=600, le=int(DAY))
     client_cert_file: Path | None = None
     client_key_file: Path | None = None
 
@@ -120,16 +133,16 @@ class AgentSettings(BaseSettings):
         description="While the control plane has revoked the runtime: one token request this "
         "often (±20 % jitter) to learn that it is no longer revoked.",
     )
-    backoff_base: Seconds = 1.0
-    backoff_factor: float = Field(default=2.0, ge=1.0)
+    backoff_base: ShortSeconds = 1.0
+    backoff_factor: float = Field(default=2.0, ge=1.0, le=10.0)
     backoff_cap: Seconds = 300.0
 
     # --- process --------------------------------------------------------------------
     health_address: str = "0.0.0.0:8080"  # probes and scrapes come from outside the pod
     lease_enabled: bool = True
     lease_name: str = "compass-agent"
-    lease_duration: Seconds = 15.0
-    lease_renew: Seconds = 5.0
+    lease_duration: ShortSeconds = 15.0
+    lease_renew: ShortSeconds = 5.0
     identity: str | None = Field(
         default=None, description="Lease holder identity; the pod name (HOSTNAME) when unset."
     )
@@ -140,6 +153,12 @@ class AgentSettings(BaseSettings):
     def _a_log_level(cls, value: str) -> str:
         if value.upper() not in LOG_LEVELS:
             raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return value
+
+    @field_validator("health_address")
+    @classmethod
+    def _host_and_port(cls, value: str) -> str:
+        split_address(value)  # refused at start, with the variable named, not when binding
         return value
 
     @model_validator(mode="before")
@@ -171,6 +190,8 @@ class AgentSettings(BaseSettings):
             raise ValueError("AGENT_MODULE_SIGNALS must name at least one signal")
         if self.lease_renew >= self.lease_duration:
             raise ValueError("AGENT_LEASE_RENEW must be shorter than AGENT_LEASE_DURATION")
+        if self.backoff_base > self.backoff_cap:
+            raise ValueError("AGENT_BACKOFF_BASE must not exceed AGENT_BACKOFF_CAP")
         return self
 
     @property
@@ -180,3 +201,48 @@ class AgentSettings(BaseSettings):
     @property
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(base=self.backoff_base, factor=self.backoff_factor, cap=self.backoff_cap)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`host:port` (IPv6 in brackets; an empty host is every address) as (host, port); raises
+    ValueError saying what is wrong."""
+    host, colon, port_text = address.rpartition(":")
+    if not colon or not port_text.isdecimal():
+        raise ValueError("must be host:port, e.g. 0.0.0.0:8080")
+    port = int(port_text)
+    if port > 65535:
+        raise ValueError("the port must be 0 to 65535")
+    host = host.removeprefix("[").removesuffix("]")
+    if host and host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError("the host must be an IPv4 or IPv6 address, or localhost") from None
+    return host or "0.0.0.0", port  # noqa: S104 - probes and scrapes come from outside the pod
+
+
+def startup_problems(settings: AgentSettings) -> list[str]:
+    """What the agent needs beyond well-typed values, each problem on one line naming its
+    variable: the files it reads the broker's CA and its client certificate from. Contacts
+    nothing; the kubeconfig is checked where it is loaded."""
+    problems: list[str] = []
+    if settings.broker_ca_bundle is not None and (
+        why := ca_file_problem(settings.broker_ca_bundle)
+    ):
+        problems.append(f"AGENT_BROKER_CA_BUNDLE: {why}")
+    if (
+        settings.identity_mode is IdentityMode.MTLS
+        and settings.client_cert_file is not None
+        and settings.client_key_file is not None
+    ):
+        try:
+            ssl.create_default_context().load_cert_chain(
+                str(settings.client_cert_file), str(settings.client_key_file)
+            )
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            problems.append(
+                f"AGENT_CLIENT_CERT_FILE, AGENT_CLIENT_KEY_FILE: {settings.client_cert_file}, "
+                f"{settings.client_key_file}: no certificate and matching key can be read from "
+                f"them ({reason(exc)})"
+            )
+    return problems

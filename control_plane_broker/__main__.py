@@ -20,6 +20,7 @@ from control_plane_broker.settings import Settings, serving_problems
 from kubeapi import ClusterAccess, KubeconfigError, load_access
 from observability import logs
 from observability.config_errors import problem_lines
+from observability.startup_checks import listen_problem
 
 PROG = "compass-broker"
 
@@ -105,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     from control_plane_broker.wiring import run  # noqa: PLC0415 (heavy; only when serving)
 
     settings, kcp_access = loaded
+    # Not at --check-config, which may run beside a serving broker whose port this is.
+    if (problem := listen_problem(settings.host, settings.port)) is not None:
+        return _refuse([f"BROKER_HOST, BROKER_PORT: {problem}"])
     serve(run(settings, kcp_access=kcp_access))
     return 0
 

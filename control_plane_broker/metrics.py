@@ -1,5 +1,11 @@
 """Prometheus metrics on the broker's own registry (no global default registry, so tests and
-several apps in one process stay apart). Labels are fixed, low-cardinality words: never IDs."""
+several apps in one process stay apart). Labels are fixed, low-cardinality words: never IDs.
+
+Holds: a counter whose label values are known in advance has a series at 0 for each from the
+start (every outcome of the token and report endpoints; every background task from its start):
+`increase()` and `rate()` see a counter's first increment only when its series existed before
+it, and an alert on a series that does not exist yet can never fire.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +17,26 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from control_plane_broker.connections.fleet_gauges import FleetCollector
+from control_plane_broker.errors import BrokerError
 
 if TYPE_CHECKING:  # the registration package imports this module: no import back at run time
     from control_plane_broker.connections.report_rules import Fleet
     from control_plane_broker.overload.capacity_schedule import DirectorLoad
+
+
+def problem_slugs() -> list[str]:
+    """Every problem type an endpoint can answer with: the slugs of the whole error tree."""
+    slugs: set[str] = set()
+    pending: list[type[BrokerError]] = [BrokerError]
+    while pending:
+        cls = pending.pop()
+        slugs.add(cls.slug)
+        pending.extend(cls.__subclasses__())
+    return sorted(slugs)
+
+
+TOKEN_OUTCOMES = ("issued", *problem_slugs())
+REPORT_OUTCOMES = ("recorded", "unchanged", *problem_slugs())
 
 
 class Metrics:
@@ -24,6 +46,8 @@ class Metrics:
         self.token_requests = Counter(
             "broker_token_requests_total", "Token requests by outcome.", ["outcome"], registry=r
         )
+        for outcome in TOKEN_OUTCOMES:
+            self.token_requests.labels(outcome)
         self.identity_failures = Counter(
             "broker_identity_failures_total",
             "Identity checks that failed, by mode and reason.",
@@ -125,6 +149,8 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        for outcome in REPORT_OUTCOMES:
+            self.connection_reports.labels(outcome)
         self.revoked_refusals = Counter(
             "broker_revoked_refusals_total",
             "Requests of proven but revoked runtimes refused, by endpoint (token, connection) and "
@@ -153,6 +179,13 @@ class Metrics:
     def watch_director(self, compute: Callable[[], DirectorLoad]) -> None:
         """The Director admission gauges come from `compute`, called at scrape time."""
         self._director.compute = compute
+
+    def on_task_started(self, task: str) -> None:
+        """The task's restart series exists, at 0, from its first start."""
+        self.task_restarts.labels(task)
+
+    def on_task_restarted(self, task: str) -> None:
+        self.task_restarts.labels(task).inc()
 
     def on_kube_request(self, verb: str, _status: int | None) -> None:
         self.kube_requests.labels(verb).inc()

@@ -7,8 +7,8 @@ Settings are passed down explicitly; nothing reads the environment after start-u
 
 from __future__ import annotations
 
+import ipaddress
 import json
-import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -18,10 +18,19 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from observability.startup_checks import ca_file_problem
+
 IdentityMode = Literal["tokenreview", "jwks", "xfcc"]
 ModulePolicy = Literal["required", "ignored"]
 DisabledPolicy = Literal["keep", "unregister"]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# Upper bounds are generous: they only catch a unit mistake (milliseconds for seconds) or a typo
+# before it becomes a broker that never retries, never sweeps or never gives up on a call.
+MINUTE = 60.0
+HOUR = 3600.0
+DAY = 86400.0
+WEEK = 7 * DAY
 
 
 class Settings(BaseSettings):
@@ -40,10 +49,13 @@ class Settings(BaseSettings):
         "in force (one ERROR line).",
     )
     director_timeout_seconds: float = Field(
-        default=10.0, description="Timeout of one Director call."
+        default=10.0, description="Timeout of one Director call.", gt=0, le=5 * MINUTE
     )
     director_max_concurrency: int = Field(
-        default=8, description="Global limit of Director calls in flight per replica."
+        default=8,
+        description="Global limit of Director calls in flight per replica.",
+        ge=1,
+        le=1000,
     )
     first_contacts_in_progress: int = Field(
         default=32,
@@ -51,6 +63,7 @@ class Settings(BaseSettings):
         "on at once; the others wait in arrival order in front of the app, costing no CPU "
         "(a herd of first contacts must not stall the event loop).",
         ge=1,
+        le=10_000,
     )
     first_contacts_per_runtime: int = Field(
         default=2,
@@ -59,6 +72,7 @@ class Settings(BaseSettings):
         "answered 503 at once: no runtime ID (an attacker's, a stalled cluster's) crowds out "
         "the fleet.",
         ge=1,
+        le=1000,
     )
     director_queue_timeout_seconds: float = Field(
         default=10.0,
@@ -66,6 +80,7 @@ class Settings(BaseSettings):
         "beyond it the request is answered 503 with Retry-After = the start of its reservation. "
         "Keep it well below the agent's timeout (30 s): a request may wait up to twice this long.",
         gt=0,
+        le=5 * MINUTE,
     )
     request_deadline_seconds: float = Field(
         default=25.0,
@@ -75,6 +90,7 @@ class Settings(BaseSettings):
         "answer can be back by then; otherwise it is answered 503 capacity-booked with a "
         "reservation. Keep it a few seconds below the agent's timeout (30 s).",
         gt=0,
+        le=5 * MINUTE,
     )
     director_scope: str = Field(
         default="runtime:read runtime:write", description="OAuth scope requested."
@@ -132,24 +148,33 @@ class Settings(BaseSettings):
         "checks); beyond its budget its unproven requests get 429 with no request made. A token "
         "that proved the runtime recently always passes.",
         ge=1,
+        le=10_000,
     )
     identity_failures_per_minute: float = Field(
         default=10.0,
         description="Sustained failed identity proofs per runtime per minute (the budget's "
         "refill).",
         gt=0,
+        le=60_000,
     )
     runtime_unreachable_seconds: float = Field(
         default=10.0,
         description="A runtime API server that did not answer (timeout, no connection) is "
         "not asked again for this long: its runtimes' checks are answered 503 at once.",
         ge=0,
+        le=HOUR,
     )
     identity_cache_max_seconds: float = Field(
-        default=600.0, description="Upper bound for caching a positive TokenReview verdict."
+        default=600.0,
+        description="Upper bound for caching a positive TokenReview verdict.",
+        ge=0,
+        le=DAY,
     )
     runtime_access_cache_seconds: float = Field(
-        default=300.0, description="How long a runtime kubeconfig read from KCP is reused."
+        default=300.0,
+        description="How long a runtime kubeconfig read from KCP is reused.",
+        ge=0,
+        le=DAY,
     )
     runtime_kubeconfig_secret_pattern: str = Field(
         default="kubeconfig-{runtime_id}",
@@ -170,65 +195,83 @@ class Settings(BaseSettings):
     )
 
     # --- limits ------------------------------------------------------------------------------
-    rate_limit_burst: int = Field(default=5, description="Token issues per runtime in a burst.")
+    rate_limit_burst: int = Field(
+        default=5, description="Token issues per runtime in a burst.", ge=1, le=10_000
+    )
     rate_limit_per_minute: float = Field(
-        default=6.0, description="Sustained token issues per runtime per minute."
+        default=6.0,
+        description="Sustained token issues per runtime per minute.",
+        gt=0,
+        le=60_000,
     )
     breaker_failure_threshold: int = Field(
         default=5,
         description="Consecutive retryable Director failures that open the breaker (an internal "
         "error, code 10, counts once per runtime in a run).",
+        ge=1,
+        le=1000,
     )
     breaker_open_seconds: float = Field(
         default=5.0,
         description="How long the breaker stays open before one probe: at most one call per "
         "this many seconds reaches a Compass that is down, and its return is noticed this soon.",
         gt=0,
+        le=HOUR,
     )
     retry_after_jitter_seconds: float = Field(
-        default=5.0, description="Random extra seconds added to Retry-After."
+        default=5.0, description="Random extra seconds added to Retry-After.", ge=0, le=HOUR
     )
     report_min_interval_seconds: float = Field(
         default=10.0,
         description="At most one connection report per runtime per this many seconds (per "
         "replica); more get 429.",
         gt=0,
+        le=DAY,
     )
     report_interval_seconds: int = Field(
         default=300,
         description="The heartbeat the broker asks agents for (`nextReportAfterSeconds`).",
-        gt=0,
+        ge=1,
+        le=int(DAY),
     )
     report_refresh_seconds: float = Field(
         default=3600.0,
         description="An unchanged report is written to the mapping only when the recorded "
         "`lastReportAt` is older than this.",
         gt=0,
+        le=WEEK,
     )
     report_stale_seconds: float = Field(
         default=7200.0,
         description="A recorded last report older than this sets condition `ReportsStale`; must "
         "exceed BROKER_REPORT_REFRESH_SECONDS + BROKER_REPORT_INTERVAL_SECONDS.",
         gt=0,
+        le=4 * WEEK,
     )
     connect_deadline_seconds: float = Field(
         default=900.0,
         description="A runtime given a token that has not reported Connected this long after it "
         "gets `Connected=False` reason `NotConnectedAfterToken`.",
         gt=0,
+        le=WEEK,
     )
     connection_check_interval_seconds: float = Field(
         default=60.0,
         description="Period of the leader's check of every mapping for stale reports and "
         "runtimes not connected after a token.",
         gt=0,
+        le=DAY,
     )
     registration_claim_seconds: float = Field(
-        default=60.0, description="Lifetime of a registration claim; a crashed holder's expires."
+        default=60.0,
+        description="Lifetime of a registration claim; a crashed holder's expires.",
+        gt=0,
+        le=DAY,
     )
     tenant_recheck_seconds: float = Field(
         default=900.0,
         gt=0,
+        le=WEEK,
         description="After Director refused a Kyma's global account or subaccount as unknown, "
         "ask it again only this often (or at once when the Kyma's labels change).",
     )
@@ -242,23 +285,45 @@ class Settings(BaseSettings):
         description="Readiness fails when the Kyma or mapping watch has not heard from the API "
         "server (event, bookmark or list) for this long.",
         gt=0,
+        le=DAY,
     )
     sweep_interval_seconds: float = Field(
-        default=300.0, description="Period of the reconciler's full sweep over mappings."
+        default=300.0,
+        description="Period of the reconciler's full sweep over mappings.",
+        gt=0,
+        le=WEEK,
     )
     leader_election: bool = Field(default=True, description="Run the reconciler only as leader.")
     lease_name: str = Field(
         default="compass-broker-leader", description="Lease for leader election."
     )
     lease_namespace: str = Field(default="kcp-system", description="Namespace of the Lease.")
-    lease_duration_seconds: float = Field(default=15.0, description="Lease duration.")
-    lease_renew_seconds: float = Field(default=5.0, description="Lease renew period.")
+    lease_duration_seconds: float = Field(
+        default=15.0, description="Lease duration.", gt=0, le=HOUR
+    )
+    lease_renew_seconds: float = Field(
+        default=5.0,
+        description="Lease renew period; shorter than BROKER_LEASE_DURATION_SECONDS.",
+        gt=0,
+        le=HOUR,
+    )
     reconciler_enabled: bool = Field(default=True, description="Run the reconciler at all.")
 
     # --- server ------------------------------------------------------------------------------
-    host: str = Field(default="0.0.0.0", description="Listen address.")  # noqa: S104 (a server)
-    port: int = Field(default=8080, description="Listen port (0 = any free port, logged).")
+    host: str = Field(
+        default="0.0.0.0",  # noqa: S104 (a server)
+        description="Listen address: an IPv4 or IPv6 address, or localhost.",
+    )
+    port: int = Field(
+        default=8080, description="Listen port (0 = any free port, logged).", ge=0, le=65535
+    )
     log_level: str = Field(default="INFO", description="Log level.")
+    api_docs: bool = Field(
+        default=False,
+        description="Serve the OpenAPI description at /openapi.json (no Swagger UI or ReDoc "
+        "pages, nothing loaded from elsewhere). Off: the API port answers only the API, probes "
+        "and metrics.",
+    )
 
     @field_validator("log_level")
     @classmethod
@@ -267,11 +332,34 @@ class Settings(BaseSettings):
             raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
         return value
 
+    @field_validator("host")
+    @classmethod
+    def _an_address_to_listen_on(cls, value: str) -> str:
+        # A name would be resolved only when the socket is bound, and fail there with a
+        # traceback; an address is checked here, with the variable named.
+        if value != "localhost":
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                raise ValueError("must be an IPv4 or IPv6 address, or localhost") from None
+        return value
+
     @field_validator("allowed_service_accounts")
     @classmethod
     def _service_accounts_are_namespace_slash_name(cls, value: str) -> str:
         parse_service_accounts(value)  # refused at start, not at the first request
         return value
+
+    @model_validator(mode="after")
+    def _lease_renewed_before_it_lapses(self) -> Settings:
+        # A renewal after the lease ran out lets another replica take it between the two: two
+        # leaders, each unregistering and relabelling runtimes.
+        if self.lease_renew_seconds >= self.lease_duration_seconds:
+            raise ValueError(
+                f"BROKER_LEASE_RENEW_SECONDS ({self.lease_renew_seconds:g}) must be shorter than "
+                f"BROKER_LEASE_DURATION_SECONDS ({self.lease_duration_seconds:g})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _claim_outlives_a_registration(self) -> Settings:
@@ -356,14 +444,8 @@ def serving_problems(settings: Settings) -> list[str]:
             load_director_credentials(settings.director_credentials_file)
         except CredentialsInvalid as exc:
             problems.append(f"BROKER_DIRECTOR_CREDENTIALS_FILE: {exc}")
-    if settings.issuer_ca_file is not None:
-        try:
-            ssl.create_default_context().load_verify_locations(cafile=str(settings.issuer_ca_file))
-        except (OSError, ssl.SSLError, ValueError) as exc:
-            problems.append(
-                f"BROKER_ISSUER_CA_FILE: {settings.issuer_ca_file}: no PEM CA certificates "
-                f"can be read from it ({_os_reason(exc)})"
-            )
+    if settings.issuer_ca_file is not None and (why := ca_file_problem(settings.issuer_ca_file)):
+        problems.append(f"BROKER_ISSUER_CA_FILE: {why}")
     if settings.xfcc_deny_list_file is not None:
         try:
             settings.xfcc_deny_list_file.read_text()

@@ -1,10 +1,11 @@
 """Keeps the broker's long-running tasks alive and says whether the process is healthy.
 
 Every background task (the Kyma and mapping watches, the Lease, reconcile workers, sweeps) runs
-under `Supervisor.start`: whatever exception ends it, it is logged, counted in
-`broker_task_restarts_total{task}` and started again after a backoff that grows with failures
-in a row and starts over once the task has run for a while. A task that is waiting to restart
-is "down"; readiness fails while a required task is down.
+under `Supervisor.start`, which reports its start (`on_start`: its restart counter is at 0 from
+then on, so the first restart is an increase the alert can see); whatever exception ends it, it
+is logged, counted in `broker_task_restarts_total{task}` (`on_restart`) and started again after
+a backoff that grows with failures in a row and starts over once the task has run for a while.
+A task that is waiting to restart is "down"; readiness fails while a required task is down.
 
 `LoopWatch` tells a wedged event loop: a ticker measures how late its timer fires; when the loop
 was blocked longer than `wedge_seconds` recently, liveness fails, so the kubelet restarts a
@@ -42,10 +43,12 @@ class Supervisor:
         self,
         *,
         on_restart: Callable[[str], None],
+        on_start: Callable[[str], None] | None = None,
         delay: Callable[[int], float] = lambda n: backoff(n, base=0.5, cap=30.0),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._on_restart = on_restart
+        self._on_start = on_start
         self._delay = delay
         self._clock = clock
         self._tasks: list[_Task] = []
@@ -54,6 +57,8 @@ class Supervisor:
         self, name: str, run: Callable[[], Awaitable[None]], *, required: bool = True
     ) -> None:
         entry = _Task(name=name, required=required)
+        if self._on_start is not None:
+            self._on_start(name)
         entry.task = asyncio.create_task(self._keep(entry, run), name=name)
         self._tasks.append(entry)
 

@@ -113,7 +113,9 @@ async def run(
             director_limiter=director_limiter,
             metrics=metrics,
         )
-        supervisor = Supervisor(on_restart=lambda task: metrics.task_restarts.labels(task).inc())
+        supervisor = Supervisor(
+            on_start=metrics.on_task_started, on_restart=metrics.on_task_restarted
+        )
         loop_watch = LoopWatch(wedge_seconds=WEDGE_SECONDS, on_lag=metrics.loop_lag.set)
         background_tasks(
             settings,
@@ -140,6 +142,7 @@ async def run(
                 health=health,
                 jitter_max=settings.retry_after_jitter_seconds,
                 access_log=False,
+                api_docs=settings.api_docs,
             ),
             verifier=verifier,
             kymas=kcp.kymas,

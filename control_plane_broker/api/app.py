@@ -1,5 +1,5 @@
 """FastAPI application: the token and connection report endpoints, health, readiness, metrics,
-and /openapi.json.
+and /openapi.json when asked for (BROKER_API_DOCS).
 
 Holds: every error leaves as application/problem+json; request logs carry method, path, status
 and duration, never headers or bodies
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
-from fastapi import BackgroundTasks, FastAPI, Header, Path, Request, Response
+from fastapi import FastAPI, Header, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -295,13 +295,19 @@ def create_app(
     jitter_max: float,
     rand: Jitter = random.random,
     access_log: bool = True,
+    api_docs: bool = False,
 ) -> FastAPI:
     """`access_log=False`: the caller logs requests outside (the broker does, around the
-    first-contact limit, so that the requests it answers are logged too)."""
+    first-contact limit, so that the requests it answers are logged too). `api_docs`: serve
+    /openapi.json; never FastAPI's Swagger UI or ReDoc pages, which load their scripts from a
+    CDN into the browser of whoever opens them on an unauthenticated port."""
     app = FastAPI(
         title="compass-broker",
         summary="Issues Compass one-time tokens to Kyma runtimes that prove their identity.",
         version="1",
+        openapi_url="/openapi.json" if api_docs else None,
+        docs_url=None,
+        redoc_url=None,
     )
     add_problem_handlers(app, metrics=metrics, jitter_max=jitter_max, rand=rand)
     if access_log:
@@ -361,7 +367,6 @@ def add_token_route(app: FastAPI, *, issuer: TokenIssuer, metrics: Metrics) -> N
     async def issue_token(
         runtimeID: RuntimeIdParam,
         request: Request,
-        after_answer: BackgroundTasks,
         authorization: AuthorizationHeader = None,
         x_forwarded_client_cert: XfccHeader = None,
     ) -> TokenResponse:
@@ -374,7 +379,6 @@ def add_token_route(app: FastAPI, *, issuer: TokenIssuer, metrics: Metrics) -> N
                     caller_present=_still_connected(request),
                     identity_checked=release_first_contact_place(request.scope),
                     arrived_at=arrived_at(request.scope),
-                    after_answer=after_answer.add_task,
                 )
             except BrokerError as exc:
                 metrics.token_requests.labels(exc.slug).inc()

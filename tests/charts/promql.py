@@ -73,15 +73,18 @@ def scraped_names(text: str) -> set[str]:
 
 
 @pytest.fixture
-def broker_scrape(
-    control_plane: Any, kcp_ns: str, sim: Any, creds_file: Path
-) -> Iterator[set[str]]:
-    """The metric names of a real broker's `/metrics` (against a real API server)."""
+def broker_exposition(control_plane: Any, kcp_ns: str, sim: Any, creds_file: Path) -> Iterator[str]:
+    """A real broker's `/metrics` (against a real API server), scraped once it is ready."""
     factory = BrokerFactory(control_plane, kcp_ns, sim, creds_file)
     broker = factory()
     try:
-        text = httpx.get(f"{broker.url}/metrics", timeout=10).text
-        yield scraped_names(text)
+        yield httpx.get(f"{broker.url}/metrics", timeout=10).text
     finally:
         broker.stop()
         broker.kill()
+
+
+@pytest.fixture
+def broker_scrape(broker_exposition: str) -> set[str]:
+    """The metric names of a real broker's `/metrics`."""
+    return scraped_names(broker_exposition)

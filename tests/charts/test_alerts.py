@@ -1,7 +1,7 @@
 """The optional PrometheusRule: off by default; when on, every rule passes Prometheus's own rule
 parser (what `promtool check rules` runs), every metric it names is in a real scrape of the
-broker, and every alert has its runbook section in docs/operations.md (and every section an
-alert)."""
+broker, every selector of every alert selects a series of a healthy broker's scrape, and every
+alert has its runbook section in docs/operations.md (and every section an alert)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import yaml
 from devenv.clusters import Binaries
 from tests.charts.promql import check_exprs, check_rules
 from tests.charts.render import by_kind, render
+from tests.charts.series import samples, unmatched
 from tests.conftest import REPO_ROOT
 
 BROKER_REQUIRED = {"director.url": "https://director.example.test/graphql"}
@@ -109,3 +110,48 @@ def test_every_metric_the_rules_name_is_in_a_real_scrape(
     assert named >= set(ALERTS.values())
     missing = sorted(named - broker_scrape)
     assert not missing, f"the rules name metrics the broker does not export: {missing}"
+
+
+# The labels Prometheus adds to every series it scrapes through the chart's ServiceMonitor: the
+# Service's name as `job`, the release namespace (the rules are rendered into kcp-system).
+TARGET = {"job": "compass-broker", "namespace": "kcp-system", "instance": "10.0.0.7:8080"}
+
+
+def test_every_alert_selects_series_of_a_healthy_brokers_scrape(
+    binaries: Binaries, tmp_path: Path, broker_exposition: str
+) -> None:
+    """Each alert's data exists before anything goes wrong: a counter's first restart or refusal
+    is an increase only when its series was already there at 0."""
+    parsed = check_rules(_rules_file(_rule(binaries), tmp_path))
+    scrape = samples(broker_exposition, TARGET)
+    empty = {r["alert"]: unmatched(r["expr"], r["metrics"], scrape) for r in parsed}
+    assert {alert: selectors for alert, selectors in empty.items() if selectors} == {}
+    restarts = {x.labels["task"] for x in scrape if x.name == "broker_task_restarts_total"}
+    assert {"kyma-watch", "mapping-watch", "lease", "sweep", "connection-check"} <= restarts
+
+
+def test_the_selector_evaluator_finds_what_selects_nothing() -> None:
+    exposition = (
+        "# TYPE broker_task_restarts counter\n"
+        "# TYPE broker_leader gauge\n"
+        "broker_leader 1.0\n"
+        "# TYPE broker_token_requests counter\n"
+        'broker_token_requests_total{outcome="issued"} 0.0\n'
+    )
+    scrape = samples(exposition, TARGET)
+    expr = (
+        'sum(increase(broker_task_restarts_total{job="compass-broker"}[15m])) > 3 '
+        'or broker_leader{namespace="kcp-system", job=~"compass-.*"} '
+        'or broker_token_requests_total{outcome!="issued"} '
+        'or broker_token_requests_total{outcome=~"iss"}'
+    )
+    names = ["broker_task_restarts_total", "broker_leader", "broker_token_requests_total"]
+    assert unmatched(expr, names, scrape) == [
+        'broker_task_restarts_total{job="compass-broker"}',  # declared, but no sample
+        'broker_token_requests_total{outcome!="issued"}',
+        'broker_token_requests_total{outcome=~"iss"}',  # anchored: "iss" is not "issued"
+    ]
+    assert unmatched('broker_leader{job="other"}', ["broker_leader"], scrape) == [
+        'broker_leader{job="other"}'
+    ]
+    assert unmatched("absent(broker_leader)", ["broker_leader"], scrape) == []

@@ -140,7 +140,7 @@ def test_happy_path_registers_once_records_mapping_and_issues_tokens(
 
 
 def test_health_ready_metrics_openapi(brokers: BrokerFactory) -> None:
-    broker = brokers()
+    broker = brokers(BROKER_API_DOCS="true")
     assert httpx.get(f"{broker.url}/healthz").status_code == 200
     assert httpx.get(f"{broker.url}/readyz").status_code == 200
     spec = httpx.get(f"{broker.url}/openapi.json").json()

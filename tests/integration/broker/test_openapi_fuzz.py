@@ -192,6 +192,7 @@ def test_no_input_makes_the_broker_fail(
         "BROKER_IDENTITY_MODE": mode,
         "BROKER_RATE_LIMIT_BURST": "1000",
         "BROKER_REPORT_MIN_INTERVAL_SECONDS": "0.001",
+        "BROKER_API_DOCS": "true",
     }
     if mode == "xfcc":
         env["BROKER_XFCC_TRUSTED"] = "true"

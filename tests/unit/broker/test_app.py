@@ -368,8 +368,53 @@ async def test_a_valid_report_waits_for_the_cache_like_a_token(world: World) -> 
     assert (r.status_code, kind(r)) == (400, "malformed-request")
 
 
-async def test_the_report_endpoint_is_in_the_openapi_with_its_body(world: World) -> None:
-    spec = (await world.client.get("/openapi.json")).json()
+def app_with_docs(*, api_docs: bool) -> Any:
+    cache = Cache([])
+    return create_app(
+        issuer=issuer_with(cache, []),
+        reporter=reporter_with(cache, []),
+        metrics=Metrics(),
+        health=Health(ready=lambda: (True, []), live=lambda: True),
+        jitter_max=0,
+        api_docs=api_docs,
+    )
+
+
+async def openapi() -> dict[str, Any]:
+    transport = httpx.ASGITransport(app=app_with_docs(api_docs=True))
+    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as client:
+        r = await client.get("/openapi.json")
+    assert r.status_code == 200
+    spec: dict[str, Any] = r.json()
+    return spec
+
+
+@pytest.mark.parametrize("api_docs", [False, True])
+async def test_api_documentation_is_off_by_default_and_never_a_page_with_scripts(
+    api_docs: bool,
+) -> None:
+    transport = httpx.ASGITransport(app=app_with_docs(api_docs=api_docs))
+    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as client:
+        for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+            r = await client.get(path)
+            assert (r.status_code, kind(r)) == (404, "not-found"), path
+            assert "<script" not in r.text
+        r = await client.get("/openapi.json")
+    if api_docs:
+        assert r.headers["content-type"] == "application/json"
+        assert "/v1/runtimes/{runtimeID}/token" in r.json()["paths"]
+    else:
+        assert (r.status_code, kind(r)) == (404, "not-found")
+
+
+async def test_without_the_setting_no_api_description_is_served(world: World) -> None:
+    assert Settings().api_docs is False
+    r = await world.client.get("/openapi.json")  # an app made without api_docs
+    assert (r.status_code, kind(r)) == (404, "not-found")
+
+
+async def test_the_report_endpoint_is_in_the_openapi_with_its_body() -> None:
+    spec = await openapi()
     operation = spec["paths"]["/v1/runtimes/{runtimeID}/connection"]["post"]
     schema = operation["requestBody"]["content"]["application/json"]["schema"]
     assert schema["additionalProperties"] is False

@@ -156,3 +156,15 @@ async def test_the_ticker_notices_a_blocked_loop() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_every_task_is_reported_when_it_starts_not_only_when_it_fails() -> None:
+    started: list[str] = []
+    restarts: list[str] = []
+    forever = asyncio.Event()
+    supervisor = Supervisor(on_start=started.append, on_restart=restarts.append)
+    supervisor.start("kyma-watch", forever.wait)
+    supervisor.start("sweep", forever.wait, required=False)
+    assert started == ["kyma-watch", "sweep"]
+    assert restarts == []
+    await supervisor.stop()
