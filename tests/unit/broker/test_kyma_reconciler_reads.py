@@ -10,7 +10,7 @@ from control_plane_broker.metrics import Metrics
 from control_plane_broker.registration import state
 from control_plane_broker.settings import Settings
 from tests.unit.broker.mapping_views import mapping_view
-from tests.unit.broker.virtual_time import VirtualLoop
+from tests.unit.broker.virtual_time import run_virtually
 
 
 class _View:
@@ -57,8 +57,4 @@ def test_a_registration_in_flight_is_looked_at_again_later_without_a_read() -> N
         await asyncio.sleep(0.02)
         assert reconciler._queue.get_nowait() == "rt-1"
 
-    loop = VirtualLoop()
-    try:
-        loop.run_until_complete(scenario())
-    finally:
-        loop.close()
+    run_virtually(scenario())
