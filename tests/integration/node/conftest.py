@@ -9,6 +9,8 @@ cannot run a node, every test here skips with the reason (devenv.node.unavailabl
 
 from __future__ import annotations
 
+import base64
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,12 +19,14 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from devenv.clusters import kyma_crds
+from devenv import image
+from devenv.clusters import Binaries, TestCluster, kyma_crds
 from devenv.node import NodeBusy, NodeCluster, start_node_cluster, unavailable_reason
 from devenv.node import images as node_images
 
 # The broker's own harness (KCP seeding, Compass simulator, broker process), for the agent pod.
 from tests.integration.broker.conftest import (  # noqa: F401 - fixtures are found by name
+    AGENT_NS,
     broker_crds,
     brokers,
     creds_file,
@@ -181,3 +185,102 @@ def pod_phase(core: client.CoreV1Api, namespace: str, name: str) -> str | None:
             return None
         raise
     return str(pod.status.phase) if pod.status else None
+
+
+def project_image(node: NodeCluster) -> str:
+    """The project's image in the node's containerd (built by devenv/image.py, or its cache)."""
+    problem = image.builder_problem()
+    if problem is not None:
+        pytest.skip(f"no image builder can run here: {problem}")
+    name = image.image_name()
+    if name not in node.images():
+        try:
+            # make test built it before pytest: found by the hash of its inputs in a second.
+            archive = image.build_image()
+        except image.NoBuilder as exc:
+            pytest.skip(f"no image builder can run here: {exc}")
+        node.import_image(archive)
+    assert name in node.images()
+    return name
+
+
+def image_values(name: str) -> list[str]:
+    """helm --set arguments that run `name` as imported (no registry to pull from)."""
+    repository, _, tag = name.rpartition(":")
+    return [
+        "--set",
+        f"image.repository={repository}",
+        "--set",
+        f"image.tag={tag}",
+        "--set",
+        "image.pullPolicy=Never",
+    ]
+
+
+def helm(binaries: Binaries, node: NodeCluster, *args: str, timeout: float = 120) -> str:
+    result = subprocess.run(
+        [str(binaries.helm), "--kubeconfig", str(node.cluster.kubeconfig_path), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+TOKEN_SECRET = "compass-agent-configuration"
+KYMA = ("operator.kyma-project.io", "v1beta2", "kymas")
+
+
+def enable_module(cluster: TestCluster, runtime_id: str) -> None:
+    """The runtime's own Kyma (kyma-system/default) with application-connector enabled."""
+    body = {
+        "apiVersion": "operator.kyma-project.io/v1beta2",
+        "kind": "Kyma",
+        "metadata": {
+            "name": "default",
+            "namespace": AGENT_NS,
+            "labels": {"kyma-project.io/runtime-id": runtime_id},
+        },
+        "spec": {"channel": "regular", "modules": [{"name": "application-connector"}]},
+    }
+    cluster.custom.create_namespaced_custom_object(*KYMA[:2], AGENT_NS, KYMA[2], body)
+
+
+def token_secret(cluster: TestCluster) -> dict[str, str] | None:
+    """kyma-system/compass-agent-configuration, decoded, or None while there is none."""
+    try:
+        found = cluster.core.read_namespaced_secret(TOKEN_SECRET, AGENT_NS)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return {k: base64.b64decode(v).decode() for k, v in (found.data or {}).items()}
+
+
+def remove_module_state(cluster: TestCluster) -> None:
+    """The token secret and the runtime's Kyma, whichever exist: the next test's agent starts
+    from nothing (the session shares one node)."""
+    for delete in (
+        lambda: cluster.core.delete_namespaced_secret(TOKEN_SECRET, AGENT_NS),
+        lambda: cluster.custom.delete_namespaced_custom_object(
+            *KYMA[:2], AGENT_NS, KYMA[2], "default"
+        ),
+    ):
+        try:
+            delete()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def pod_logs(cluster: TestCluster, namespace: str, pods: list[Any]) -> str:
+    """The end of the pods' logs, for a failure's message."""
+    logs = []
+    for pod in pods:
+        try:
+            logs.append(cluster.core.read_namespaced_pod_log(pod.metadata.name, namespace))
+        except ApiException as exc:
+            logs.append(f"({pod.metadata.name}: no log, {exc.status})")
+    return "\n".join(logs)[-4000:]

@@ -18,8 +18,6 @@ control plane. It listens on the pod bridge's host address, where the pod reache
 
 from __future__ import annotations
 
-import base64
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,9 +25,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from devenv import image
 from devenv.clusters import Binaries, TestCluster, free_port
 from devenv.compass_sim.faults import Latency
 from devenv.node import HOST_IP, NodeCluster
@@ -42,33 +38,28 @@ from tests.integration.broker.conftest import (
     Runtime,
     seed_runtime,
 )
-from tests.integration.node.conftest import deployment_condition, wait_until
+from tests.integration.node.conftest import (
+    deployment_condition,
+    enable_module,
+    helm,
+    image_values,
+    pod_logs,
+    project_image,
+    remove_module_state,
+    token_secret,
+    wait_until,
+)
 
 # Outside make test (which builds the image first) a changed tree builds it here: minutes.
 pytestmark = pytest.mark.timeout(900)
 
 CHART = REPO_ROOT / "charts" / "compass-agent"
-SECRET = "compass-agent-configuration"
-KYMA = ("operator.kyma-project.io", "v1beta2", "kymas")
 RELEASE = "compass-agent"
 
 
 @pytest.fixture
 def agent_image(node_cluster: NodeCluster) -> str:
-    """The project's image in the node's containerd (built by devenv/image.py, or its cache)."""
-    problem = image.builder_problem()
-    if problem is not None:
-        pytest.skip(f"no image builder can run here: {problem}")
-    name = image.image_name()
-    if name not in node_cluster.images():
-        try:
-            # make test built it before pytest: found by the hash of its inputs in a second.
-            archive = image.build_image()
-        except image.NoBuilder as exc:
-            pytest.skip(f"no image builder can run here: {exc}")
-        node_cluster.import_image(archive)
-    assert name in node_cluster.images()
-    return name
+    return project_image(node_cluster)
 
 
 @dataclass
@@ -99,13 +90,7 @@ class Installed:
         return deployment_condition(self.apps, AGENT_NS, RELEASE)
 
     def secret(self) -> dict[str, str] | None:
-        try:
-            found = self.cluster.core.read_namespaced_secret(SECRET, AGENT_NS)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return {k: base64.b64decode(v).decode() for k, v in (found.data or {}).items()}
+        return token_secret(self.cluster)
 
     def pods(self) -> list[Any]:
         return list(
@@ -115,38 +100,10 @@ class Installed:
         )
 
     def enable_module(self) -> None:
-        body = {
-            "apiVersion": "operator.kyma-project.io/v1beta2",
-            "kind": "Kyma",
-            "metadata": {
-                "name": "default",
-                "namespace": AGENT_NS,
-                "labels": {"kyma-project.io/runtime-id": self.runtime.runtime_id},
-            },
-            "spec": {"channel": "regular", "modules": [{"name": "application-connector"}]},
-        }
-        self.cluster.custom.create_namespaced_custom_object(*KYMA[:2], AGENT_NS, KYMA[2], body)
+        enable_module(self.cluster, self.runtime.runtime_id)
 
     def agent_logs(self) -> str:
-        logs = []
-        for pod in self.pods():
-            try:
-                logs.append(self.cluster.core.read_namespaced_pod_log(pod.metadata.name, AGENT_NS))
-            except ApiException as exc:
-                logs.append(f"({pod.metadata.name}: no log, {exc.status})")
-        return "\n".join(logs)[-4000:]
-
-
-def _helm(binaries: Binaries, node: NodeCluster, *args: str) -> str:
-    result = subprocess.run(
-        [str(binaries.helm), "--kubeconfig", str(node.cluster.kubeconfig_path), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+        return pod_logs(self.cluster, AGENT_NS, self.pods())
 
 
 @pytest.fixture
@@ -172,8 +129,7 @@ def installed(
         )
     )
     brokers.started.append(broker)
-    repository, _, tag = agent_image.rpartition(":")
-    _helm(
+    helm(
         binaries,
         node_cluster,
         "install",
@@ -181,12 +137,7 @@ def installed(
         str(CHART),
         "--namespace",
         AGENT_NS,
-        "--set",
-        f"image.repository={repository}",
-        "--set",
-        f"image.tag={tag}",
-        "--set",
-        "image.pullPolicy=Never",
+        *image_values(agent_image),
         "--set",
         f"broker.url=http://{HOST_IP}:{broker.env['BROKER_PORT']}",
         "--set",
@@ -199,18 +150,8 @@ def installed(
     try:
         yield state
     finally:
-        _helm(binaries, node_cluster, "uninstall", RELEASE, "--namespace", AGENT_NS, "--wait")
-        for delete in (
-            lambda: cluster.core.delete_namespaced_secret(SECRET, AGENT_NS),
-            lambda: cluster.custom.delete_namespaced_custom_object(
-                *KYMA[:2], AGENT_NS, KYMA[2], "default"
-            ),
-        ):
-            try:
-                delete()
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        helm(binaries, node_cluster, "uninstall", RELEASE, "--namespace", AGENT_NS, "--wait")
+        remove_module_state(cluster)
 
 
 def test_the_agent_pod_connects_with_its_projected_token_and_readiness_follows_the_broker(
