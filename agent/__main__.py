@@ -23,6 +23,7 @@ from agent.settings import AgentSettings, split_address, startup_problems
 from kubeapi import KubeconfigError, access_from_kubeconfig_file, in_cluster_access
 from observability import logs
 from observability.config_errors import problem_lines
+from observability.settings_bounds import bounds_text
 from observability.startup_checks import listen_problem
 
 PROG = "compass-agent"
@@ -40,14 +41,17 @@ def _default_text(value: object) -> str:
 
 
 def _settings_help() -> str:
-    lines = ["environment variables (defaults in brackets):"]
+    lines = ["environment variables (defaults in brackets, then the bounds of numbers):"]
     for name, info in AgentSettings.model_fields.items():
         if info.is_required():
             default = "required"
         else:
             default = _default_text(info.get_default(call_default_factory=True))
+        limits = f" ({limit})" if (limit := bounds_text(info)) else ""
         text = info.description or ""
-        lines.append(f"  AGENT_{name.upper()} [{default}]" + (f"\n      {text}" if text else ""))
+        lines.append(
+            f"  AGENT_{name.upper()} [{default}]{limits}" + (f"\n      {text}" if text else "")
+        )
     return "\n".join(lines)
 
 

@@ -20,16 +20,20 @@ from control_plane_broker.settings import Settings, serving_problems
 from kubeapi import ClusterAccess, KubeconfigError, load_access
 from observability import logs
 from observability.config_errors import problem_lines
+from observability.settings_bounds import bounds_text
 from observability.startup_checks import listen_problem
 
 PROG = "compass-broker"
 
 
 def _settings_help() -> str:
-    lines = ["environment variables (defaults in brackets):"]
+    lines = ["environment variables (defaults in brackets, then the bounds of numbers):"]
     for name, field in Settings.model_fields.items():
         default = field.default if field.default is not None else ""
-        lines.append(f"  BROKER_{name.upper()} [{default}]\n      {field.description or ''}")
+        limits = f" ({limit})" if (limit := bounds_text(field)) else ""
+        lines.append(
+            f"  BROKER_{name.upper()} [{default}]{limits}\n      {field.description or ''}"
+        )
     lines.append("  KUBECONFIG: KCP access; without it the in-cluster ServiceAccount is used.")
     return "\n".join(lines)
 

@@ -347,3 +347,15 @@ def literal_choices(field: FieldInfo) -> set[str]:
         return {str(member.value) for member in annotation}  # type: ignore[attr-defined]
     args = get_args(annotation)
     return {a for a in args if isinstance(a, str)} if args else set()
+
+
+@pytest.mark.parametrize("component", list(COMPONENTS))
+def test_help_shows_each_numbers_bounds_from_its_field(component: str) -> None:
+    model, main_module, prefix = COMPONENTS[component]
+    shown = main_module._settings_help()
+    for name, field in numeric_fields(model).items():
+        b = {k: int(v) if v.is_integer() else v for k, v in bounds(field).items()}
+        low = f">= {b['minimum']}" if "minimum" in b else f"> {b['exclusiveMinimum']}"
+        high = f"<= {b['maximum']}" if "maximum" in b else f"< {b['exclusiveMaximum']}"
+        line = rf"^  {prefix}{name.upper()} \[[^]]*\] \({re.escape(low)}, {re.escape(high)}\)$"
+        assert re.search(line, shown, re.MULTILINE), line
