@@ -187,6 +187,8 @@ def check_story(out: str, *, compass: str, runtime_agent_b: str) -> None:
         "An operator revokes runtime B (BYOC) in KCP",
         'compass-broker.kyma-project.io/revoked="demo: decommissioned"',
         "Event RuntimeRevoked in runtime B",
+        "KCP: the mapping reads revoked, whatever B last reported",
+        "STATE Revoked  CONNECTED False  REVOKED demo: decommissioned",
         "un-revoked: kubectl -n kcp-system annotate compassmanagermapping",
         "agent B's next slow re-check gets a token again",
         "Kyma of runtime A (managed) is deleted in KCP",
