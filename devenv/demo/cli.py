@@ -23,6 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from devenv import runtime_agent
+from devenv.demo import agent_pod
 from devenv.demo.console import StepFailed, Story
 from devenv.demo.processes import log_tail
 from devenv.demo.story import Demo, Options
@@ -47,7 +48,10 @@ Kyma's compass-runtime-agent in runtime B (root and unshare needed; built by `ma
 (root and unshare needed; built by `make real-compass`): with --real-runtime-agent too, the whole
 token and certificate path is Compass's own and Kyma's. Both together work too. The simulator
 stays the default: no build, and the faults and scale
-the real one cannot give (docs/compass-simulator.md).
+the real one cannot give (docs/compass-simulator.md). --agent-pod gives runtime A a real node
+(devenv/node: kubelet, containerd, runc, controller manager, scheduler, kube-proxy) where its
+agent runs as a pod from the module's manifest and make image's image, with its kubelet-projected
+token; it combines with the others.
 
 Logs of every process go to <work folder>/logs; the list of processes (pid, command) to
 <work folder>/processes.json. Keys, tokens and cluster data are removed when the demo stops.
@@ -97,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(needs root and unshare; reaches Synchronized over Compass's certificate-secured side)",
     )
     parser.add_argument(
+        "--agent-pod",
+        action="store_true",
+        help="runtime A on a real node (kubelet, containerd), its agent a pod of make image's "
+        "image; needs root and Debian's containerd, runc, CNI plugins and nftables "
+        "(docs/real-node.md)",
+    )
+    parser.add_argument(
         "--timeout-scale",
         type=float,
         default=1.0,
@@ -132,17 +143,23 @@ def _real_connector_refusal(real_director: bool) -> str | None:
 
 
 def preflight(args: argparse.Namespace) -> tuple[str | None, Path | None]:
-    """(why an option cannot work here, or None; the real runtime agent's build folder)."""
+    """(why an option cannot work here, or None; the real runtime agent's build folder).
+
+    With --agent-pod, `args.agent_image` becomes the image's archive (built, or found cached)."""
     if args.timeout_scale <= 0:
         return "--timeout-scale must be positive", None
+    why = None
     if args.real_director:
         where, reason = find_compass_source()
         if where is None:
-            return f"--real-director needs the pinned Compass source: {reason}", None
-    if args.real_connector:
+            why = f"--real-director needs the pinned Compass source: {reason}"
+    if why is None and args.real_connector:
         why = _real_connector_refusal(args.real_director)
-        if why is not None:
-            return why, None
+    args.agent_image = None
+    if why is None and args.agent_pod:  # last: it may build the image
+        args.agent_image, why = agent_pod.prepare()
+    if why is not None:
+        return why, None
     folder = None
     if args.real_runtime_agent:
         if os.geteuid() != 0 or shutil.which("unshare") is None:
@@ -186,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             real_runtime_agent=args.real_runtime_agent,
             real_connector=args.real_connector,
             runtime_agent_dir=runtime_agent_dir,
+            agent_image=args.agent_image,
         ),
         story,
     )

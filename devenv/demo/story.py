@@ -9,6 +9,7 @@ length and sha256 prefix).
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import secrets
 import shutil
@@ -24,14 +25,15 @@ import httpx
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from devenv import clusters, kyma_module, runtime_agent
+from devenv import clusters, image, kyma_module, runtime_agent
 from devenv.clusters import Binaries, TestCluster
-from devenv.demo import observe, world
+from devenv.demo import agent_pod, observe, world
 from devenv.demo.compass import CompassView, RealDirectorView
 from devenv.demo.console import StepFailed, Story, table
 from devenv.demo.observe import SimAdmin
 from devenv.demo.processes import Child, ChildDied, Processes, wait_for_json_line
 from devenv.demo.world import RuntimeSpec
+from devenv.node import HOST_IP, NodeCluster, NodeError
 from devenv.real_director import (
     OATHKEEPER_VERSION,
     CompassSourceMissing,
@@ -49,6 +51,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MAPPING_CRDS = REPO_ROOT / "charts" / "compass-broker" / "crds"
 SIM_CLIENT_ID = "compass-broker-demo"
 CLUSTER_NAMES = ("kcp", "runtime-a", "runtime-b")
+POD_RUNTIME = "runtime-a"  # the cluster with a real node, with --agent-pod
 DEMO_MARKER = "KYMA_COMPASS_PULL_DEMO"  # in every child's environment: the work folder
 BACKOFFS_TO_SHOW = 3  # temporary answers agent B must get while Compass is down
 REAL_DIRECTOR_COMMIT = "a423d60704"  # kyma-incubator/compass, devenv/real_director/build.sh
@@ -100,6 +103,8 @@ class Options:
     # The real Connector, hydrator and Oathkeeper next to the real Director (needs it).
     real_connector: bool = False
     runtime_agent_dir: Path | None = None  # its build (devenv.runtime_agent.build())
+    # Runtime A on a real node, its agent a pod of this image's archive (devenv/demo/agent_pod.py).
+    agent_image: Path | None = None
 
 
 @dataclass
@@ -111,6 +116,7 @@ class Runtime:
     token_file: Path
     agent: Child | None = None
     agent_port: int = 0
+    agent_host: str = "127.0.0.1"  # a pod's own address with --agent-pod
     runtime_agent: Child | None = None
     real_agent: RealRuntimeAgent | None = None  # the real compass-runtime-agent, if it runs here
     compass_runtime_id: str = ""
@@ -128,7 +134,7 @@ class Runtime:
 
     @property
     def agent_url(self) -> str:
-        return f"http://127.0.0.1:{self.agent_port}"
+        return f"http://{self.agent_host}:{self.agent_port}"
 
 
 @dataclass
@@ -176,6 +182,12 @@ class Demo:
         self.real: RealCompass | None = None  # with --real-director
         self.broker: Child | None = None
         self.broker_url = ""
+        self.node: NodeCluster | None = None  # runtime A's, with --agent-pod
+        # Pods reach this host only on the node's bridge: the broker listens there, on a port
+        # chosen now, since the agent pod's manifest names it before the broker starts.
+        self.broker_host, self.broker_port = (
+            (HOST_IP, clusters.free_port()) if options.agent_image else ("127.0.0.1", 0)
+        )
         self.manifest: list[dict[str, Any]] = []
         self._tokens_projected_at = 0.0
         self.finished = False  # every step happened
@@ -205,7 +217,13 @@ class Demo:
         return "gateway" if self.options.real_director else "simulator"
 
     def _logs(self, *children: Child | None) -> list[Path]:
-        return [c.log_path for c in children if c is not None]
+        paths = [c.log_path for c in children if c is not None]
+        if self.node is not None and None in children:  # the agent that is a pod
+            paths += agent_pod.log_paths(self.node)
+        return paths
+
+    def _is_pod(self, runtime: Runtime) -> bool:
+        return self.node is not None and runtime.cluster is self.node.cluster
 
     # -- the story -------------------------------------------------------------------------
 
@@ -264,7 +282,11 @@ class Demo:
         def start(name: str) -> None:
             folder = self.workdir / "clusters" / name
             folder.mkdir(parents=True, exist_ok=True)
-            cluster = clusters.start_cluster(name, binaries, workdir=folder)
+            if name == POD_RUNTIME and self.options.agent_image is not None:
+                self.node = agent_pod.start_node(name, self.options.agent_image)
+                cluster = self.node.cluster
+            else:
+                cluster = clusters.start_cluster(name, binaries, workdir=folder)
             self.clusters[name] = cluster  # recorded at once, so close() stops it whatever happens
             crds = clusters.kyma_crds()
             if name == "kcp":
@@ -274,10 +296,16 @@ class Demo:
         try:
             with ThreadPoolExecutor(max_workers=3) as pool:
                 list(pool.map(start, CLUSTER_NAMES))
-        except clusters.ClusterError as exc:
+        except (clusters.ClusterError, NodeError) as exc:
             raise StepFailed(f"a cluster did not start: {exc}") from exc
         for name in CLUSTER_NAMES:
             self.story.detail(f"{name:<10} {self.clusters[name].server}")
+        if self.node is not None:
+            self.story.detail(
+                f"{POD_RUNTIME} has a real node (kubelet, containerd, controller manager, "
+                f"scheduler, kube-proxy; Ready in {self.node.timings.get('node_ready_s', 0):.1f}s) "
+                f"and {image.image_name()} from make image; its folder {self.node.workdir}"
+            )
         self.story.wait_for(
             "custom resources served (a fresh API server answers 429 for a few seconds)",
             self._all_served,
@@ -469,11 +497,22 @@ class Demo:
             spec, cluster = self.specs[key], self.clusters[name]
             world.prepare_runtime(cluster, spec)
             runtime = Runtime(spec, cluster, self.secrets_dir / f"sa-token-{name}")
-            for line in world.install_agent_module(self.kcp, cluster, spec, self.manifest):
+            manifest = self.manifest
+            if self._is_pod(runtime):
+                broker_url = f"http://{self.broker_host}:{self.broker_port}"
+                env = {"AGENT_BROKER_URL": broker_url, **AGENT_TIMERS}
+                manifest = agent_pod.pod_manifest(self.manifest, env=env)
+            for line in world.install_agent_module(self.kcp, cluster, spec, manifest):
                 self.story.detail(f"{spec.title}: {line}")
+            self.runtimes[key] = runtime
+            if self._is_pod(runtime):
+                self.story.detail(
+                    f"{spec.title}: the Deployment runs as a pod (image {image.image_name()}, "
+                    f"broker {broker_url}); the kubelet projects its token"
+                )
+                continue
             world.agent_kubeconfig(cluster, runtime.kubeconfig)
             token = world.project_token(cluster, runtime.token_file)
-            self.runtimes[key] = runtime
             where = (
                 "runtime ID from the Kyma CR kyma-system/default, labelled by KLM"
                 if spec.managed
@@ -485,10 +524,11 @@ class Demo:
                 f"{world.AUDIENCE}: {_short(token)}"
             )
         self._tokens_projected_at = time.monotonic()
+        processes = "agent B runs" if self.node is not None else "no kubelet here: the agents run"
         self.story.done(
             "the module's objects are in both runtimes; tokens written to files, as the kubelet "
-            "projects them (no kubelet here: the agents run as processes, with the module's "
-            "ServiceAccount and the Deployment's environment)"
+            f"projects them ({processes} as a process, with the module's ServiceAccount and the "
+            "Deployment's environment)"
         )
 
     def start_broker(self) -> None:
@@ -501,8 +541,8 @@ class Demo:
             BROKER_DIRECTOR_CREDENTIALS_FILE=str(self.secrets_dir / "director-credentials.yaml"),
             BROKER_KCP_NAMESPACE=world.KCP_NAMESPACE,
             BROKER_LEASE_NAMESPACE=world.KCP_NAMESPACE,
-            BROKER_HOST="127.0.0.1",
-            BROKER_PORT="0",
+            BROKER_HOST=self.broker_host,
+            BROKER_PORT=str(self.broker_port),
             BROKER_IDENTITY_MODE="tokenreview",
             BROKER_AUDIENCE=world.AUDIENCE,
             BROKER_ALLOWED_SERVICE_ACCOUNTS=f"{world.RUNTIME_NAMESPACE}/{world.AGENT_SERVICE_ACCOUNT}",
@@ -521,7 +561,7 @@ class Demo:
             )
         except (ChildDied, TimeoutError) as exc:
             raise StepFailed(f"the broker did not start: {exc}", logs=[child.log_path]) from exc
-        self.broker_url = f"http://127.0.0.1:{entry['port']}"
+        self.broker_url = f"http://{self.broker_host}:{entry['port']}"
         self.story.wait_for(
             "broker /readyz",
             lambda: _http_ok(f"{self.broker_url}/readyz"),
@@ -538,16 +578,29 @@ class Demo:
 
     def start_agents(self) -> None:
         self.story.step(
-            "One agent per runtime (python -m agent) and a compass-runtime-agent"
+            "One agent per runtime "
+            + ("(A a pod, B python -m agent)" if self.node is not None else "(python -m agent)")
+            + " and a compass-runtime-agent"
             + (" (real in runtime B)" if self.options.real_runtime_agent else " (simulated)")
         )
         for runtime in self.runtimes.values():
-            self._start_agent(runtime)
+            if not self._is_pod(runtime):
+                self._start_agent(runtime)
             if self.options.real_runtime_agent and runtime.spec.key == REAL_AGENT_KEY:
                 self._start_real_runtime_agent(runtime)
             else:
                 self._start_runtime_agent(runtime)
         for runtime in self.runtimes.values():
+            if self._is_pod(runtime):
+                runtime.agent_host = self.story.wait_for(
+                    f"agent {runtime.spec.key}'s pod Ready (the kubelet's readiness probe)",
+                    functools.partial(agent_pod.ready_pod_ip, runtime.cluster),
+                    timeout=self._timeout(60),
+                    guard=self._guard,
+                    logs=self._logs(None),
+                )
+                runtime.agent_port = agent_pod.HEALTH_PORT
+                continue
             assert runtime.agent is not None
             try:
                 entry = wait_for_json_line(
@@ -1083,7 +1136,8 @@ class Demo:
             self._guard()
             if time.monotonic() - self._tokens_projected_at > refresh_every:
                 for runtime in self.runtimes.values():
-                    world.project_token(runtime.cluster, runtime.token_file)
+                    if not self._is_pod(runtime):  # the kubelet rotates a pod's own
+                        world.project_token(runtime.cluster, runtime.token_file)
                 self._tokens_projected_at = time.monotonic()
 
     # -- cleaning up -------------------------------------------------------------------------
@@ -1101,6 +1155,10 @@ class Demo:
             self.sim.close()
         # Director's kubeconfig (KCP's admin) and configuration; its logs stay.
         shutil.rmtree(self.workdir / "real-director" / "home", ignore_errors=True)
+        if self.node is not None:
+            # Its pods drained, every node process stopped, the host as it was before.
+            self.node.stop()
+            self.clusters.pop(POD_RUNTIME, None)
         with ThreadPoolExecutor(max_workers=len(CLUSTER_NAMES)) as pool:
             list(pool.map(TestCluster.stop, list(self.clusters.values())))
         self.clusters.clear()

@@ -2,8 +2,9 @@
 
 One node per machine (host-wide cgroups, paths and pod network), so the session shares one:
 `node_cluster` starts it the first time a test asks and `node_slot` stops it when the run ends.
-A test that needs the machine to itself (test_host_as_found.py, which starts and stops its own)
-runs first by file order and calls `node_slot.release()` before it begins. Where this machine
+A test that needs the machine to itself (test_host_as_found.py, which starts and stops its own;
+test_demo_agent_pod.py, whose demo does) calls `node_slot.release()` before it begins; both run
+before the others by file order. Where this machine
 cannot run a node, every test here skips with the reason (devenv.node.unavailable_reason).
 """
 

@@ -1,0 +1,56 @@
+"""`make demo DEMO_ARGS=--agent-pod` (issue 41, item 6): the whole story with runtime A on a real
+node and its agent a pod of the module's manifest and make image's image.
+
+The demo starts its own node (one per machine): the session's is stopped first, and the next
+test that needs one starts it again. The story is the one tests/integration/test_demo.py checks;
+here also that agent A was a pod (no agent-a process, its pod Ready, its token the kubelet's) and
+that the node stopped with the demo, leaving the host as it found it (devenv.node.host's
+snapshot, as test_host_as_found.py compares it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from devenv.node import HOST_IP, host
+from tests.conftest import REPO_ROOT
+from tests.integration.node.conftest import NodeSlot
+from tests.integration.test_demo import check_story, demo_command, leftovers, summary_rows
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_the_demo_runs_runtime_a_agent_as_a_real_pod(node_slot: NodeSlot, tmp_path: Path) -> None:
+    node_slot.release()
+    before = host.snapshot()
+    workdir = tmp_path / "demo"
+    result = subprocess.run(
+        demo_command(workdir, "--agent-pod", "--timeout-scale", "2"),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=500,
+        check=False,
+    )
+    out = result.stdout
+    assert result.returncode == 0, f"demo failed:\n{out[-6000:]}\n{result.stderr[-3000:]}"
+    assert leftovers(workdir) == []
+    assert before.differences(host.snapshot()) == []  # the node stopped with the demo
+    check_story(
+        out, compass="Compass simulator", runtime_agent_b="compass-runtime-agent (simulated)"
+    )
+    assert "runtime-a has a real node" in out
+    assert "the Deployment runs as a pod" in out
+    assert "agent A's pod Ready" in out
+    assert f"broker http://{HOST_IP}:" in out
+    assert not (workdir / "logs" / "agent-a.log").exists()
+    assert (workdir / "logs" / "agent-b.log").stat().st_size > 0
+    row = summary_rows(out)["runtime A (managed)"]
+    assert (row["secret"], row["connection"], row["in Compass"]) == (
+        "yes",
+        "Connected",
+        "unregistered",
+    )
