@@ -2,8 +2,9 @@
 
 Always holds: every number is within the bounds declared on its field here (a duration is in
 seconds, positive and at most a day or an hour); the broker URL is an absolute http(s) URL
-without a trailing slash; `mtls` identity comes with a certificate and a key; the health
-address is `host:port` with a port the kernel accepts. Files named by the settings are checked by
+without a trailing slash; the names of Kubernetes objects have the form the API server takes
+(DNS-1123); `mtls` identity comes with a certificate and a key; the health address is
+`host:port` with a port the kernel accepts. Files named by the settings are checked by
 `startup_problems`, not here: a settings object may describe files that are made later.
 Settings are passed down explicitly, never read from globals.
 """
@@ -20,6 +21,12 @@ from pydantic import AnyHttpUrl, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from agent.retry_policy import RetryPolicy
+from observability.settings_bounds import (
+    NAMESPACE_MAX_LENGTH,
+    NAMESPACE_PATTERN,
+    OBJECT_NAME_MAX_LENGTH,
+    OBJECT_NAME_PATTERN,
+)
 from observability.startup_checks import ca_file_problem, reason
 
 DEFAULT_SA_TOKEN_FILE = Path("/var/run/secrets/compass-agent/token")
@@ -44,6 +51,8 @@ HOUR = 3600.0
 DAY = 86400.0
 Seconds = Annotated[float, Field(gt=0, le=DAY)]
 ShortSeconds = Annotated[float, Field(gt=0, le=HOUR)]
+Namespace = Annotated[str, Field(pattern=NAMESPACE_PATTERN, max_length=NAMESPACE_MAX_LENGTH)]
+ObjectName = Annotated[str, Field(pattern=OBJECT_NAME_PATTERN, max_length=OBJECT_NAME_MAX_LENGTH)]
 
 
 class AgentSettings(BaseSettings):
@@ -68,17 +77,17 @@ class AgentSettings(BaseSettings):
     # --- identity -------------------------------------------------------------------
     identity_mode: IdentityMode = IdentityMode.SERVICEACCOUNT
     audience: str = Field(
-        default="compass-broker", description="Audience of the ServiceAccount token."
+        default="compass-broker", description="Audience of the ServiceAccount token.", min_length=1
     )
     sa_token_file: Path = Field(
         default=DEFAULT_SA_TOKEN_FILE,
         description="Projected ServiceAccount token; re-read for every request.",
     )
-    service_account: str = Field(
+    service_account: ObjectName = Field(
         default="compass-agent",
         description="Own ServiceAccount, for TokenRequest when the token file is absent.",
     )
-    service_account_namespace: str | None = Field(
+    service_account_namespace: Namespace | None = Field(
         default=None, description="Namespace of that ServiceAccount; AGENT_NAMESPACE when unset."
     )
     # The kubelet's and TokenRequest's minimum; a day is plenty for a token asked for again
@@ -88,8 +97,8 @@ class AgentSettings(BaseSettings):
     client_key_file: Path | None = None
 
     # --- the runtime ----------------------------------------------------------------
-    namespace: str = "kyma-system"
-    kyma_name: str = "default"
+    namespace: Namespace = "kyma-system"
+    kyma_name: ObjectName = "default"
     runtime_id: str | None = Field(
         default=None,
         description="Runtime ID when the Kyma CR has no kyma-project.io/runtime-id label (BYOC).",
@@ -97,7 +106,7 @@ class AgentSettings(BaseSettings):
     module_signals: Annotated[list[ModuleSignal], NoDecode] = Field(
         default_factory=lambda: [ModuleSignal.KYMA_SPEC, ModuleSignal.APPLICATIONCONNECTOR_CR]
     )
-    secret_name: str = "compass-agent-configuration"  # noqa: S105 - a name
+    secret_name: ObjectName = "compass-agent-configuration"  # noqa: S105 - a name
     delete_secret_on_disable: bool = True
     kubeconfig: Path | None = Field(
         default=None, description="Kubeconfig outside a pod; in-cluster config when unset."
@@ -140,7 +149,7 @@ class AgentSettings(BaseSettings):
     # --- process --------------------------------------------------------------------
     health_address: str = "0.0.0.0:8080"  # probes and scrapes come from outside the pod
     lease_enabled: bool = True
-    lease_name: str = "compass-agent"
+    lease_name: ObjectName = "compass-agent"
     lease_duration: ShortSeconds = 15.0
     lease_renew: ShortSeconds = 5.0
     identity: str | None = Field(

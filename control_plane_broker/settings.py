@@ -11,19 +11,27 @@ import ipaddress
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from observability.settings_bounds import (
+    NAMESPACE_MAX_LENGTH,
+    NAMESPACE_PATTERN,
+    OBJECT_NAME_MAX_LENGTH,
+    OBJECT_NAME_PATTERN,
+)
 from observability.startup_checks import ca_file_problem
 
 IdentityMode = Literal["tokenreview", "jwks", "xfcc"]
 ModulePolicy = Literal["required", "ignored"]
 DisabledPolicy = Literal["keep", "unregister"]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+Namespace = Annotated[str, Field(pattern=NAMESPACE_PATTERN, max_length=NAMESPACE_MAX_LENGTH)]
+ObjectName = Annotated[str, Field(pattern=OBJECT_NAME_PATTERN, max_length=OBJECT_NAME_MAX_LENGTH)]
 
 # Upper bounds are generous: they only catch a unit mistake (milliseconds for seconds) or a typo
 # before it becomes a broker that never retries, never sweeps or never gives up on a call.
@@ -112,6 +120,7 @@ class Settings(BaseSettings):
     audience: str = Field(
         default="compass-broker",
         description="Audience the caller's ServiceAccount token must carry.",
+        min_length=1,
     )
     allowed_service_accounts: str = Field(
         default="kyma-system/compass-agent",
@@ -184,7 +193,9 @@ class Settings(BaseSettings):
     )
 
     # --- policy ------------------------------------------------------------------------------
-    module_name: str = Field(default="application-connector", description="Module that must be on.")
+    module_name: str = Field(
+        default="application-connector", description="Module that must be on.", min_length=1
+    )
     module_policy: ModulePolicy = Field(
         default="required",
         description="`required`: module must be in spec.modules or status.modules; `ignored`.",
@@ -277,7 +288,7 @@ class Settings(BaseSettings):
     )
 
     # --- Kubernetes / control plane ----------------------------------------------------------
-    kcp_namespace: str = Field(
+    kcp_namespace: Namespace = Field(
         default="kcp-system", description="Namespace of Kyma CRs and mappings."
     )
     cache_stale_seconds: float = Field(
@@ -294,10 +305,10 @@ class Settings(BaseSettings):
         le=WEEK,
     )
     leader_election: bool = Field(default=True, description="Run the reconciler only as leader.")
-    lease_name: str = Field(
+    lease_name: ObjectName = Field(
         default="compass-broker-leader", description="Lease for leader election."
     )
-    lease_namespace: str = Field(default="kcp-system", description="Namespace of the Lease.")
+    lease_namespace: Namespace = Field(default="kcp-system", description="Namespace of the Lease.")
     lease_duration_seconds: float = Field(
         default=15.0, description="Lease duration.", gt=0, le=HOUR
     )

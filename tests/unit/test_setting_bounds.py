@@ -70,6 +70,19 @@ def out_of_bounds(field: FieldInfo) -> Iterator[tuple[str, str]]:
         yield "not a number", "nan"
 
 
+def string_rules(field: FieldInfo) -> dict[str, object]:
+    """A string field's declared form, named as JSON Schema names it."""
+    rules: dict[str, object] = {}
+    for item in field.metadata:
+        if isinstance(item, at.MinLen):
+            rules["minLength"] = item.min_length
+        elif isinstance(item, at.MaxLen):
+            rules["maxLength"] = item.max_length
+        elif (pattern := getattr(item, "pattern", None)) is not None:
+            rules["pattern"] = pattern
+    return rules
+
+
 def cases() -> Iterator[Any]:
     for component, (model, _, prefix) in COMPONENTS.items():
         for name, field in numeric_fields(model).items():
@@ -77,6 +90,16 @@ def cases() -> Iterator[Any]:
                 text = value.removesuffix(".0") if field.annotation is int else value
                 variable = f"{prefix}{name.upper()}"
                 yield pytest.param(component, variable, text, id=f"{variable}-{side}")
+        for name, field in model.model_fields.items():
+            rules = string_rules(field)
+            variable = f"{prefix}{name.upper()}"
+            if "pattern" in rules:
+                yield pytest.param(component, variable, "Not/A_Name", id=f"{variable}-form")
+            if "maxLength" in rules:
+                long = "a" * (int(str(rules["maxLength"])) + 1)
+                yield pytest.param(component, variable, long, id=f"{variable}-too-long")
+            if "minLength" in rules:
+                yield pytest.param(component, variable, "", id=f"{variable}-empty")
 
 
 @pytest.fixture
@@ -321,6 +344,10 @@ def test_the_chart_schema_holds_the_settings_bounds(chart: str, component: str) 
         elif choices := literal_choices(field):
             assert set(node["enum"]) == choices, f"{path} ({variable}): choices"
             compared.append(path)
+        elif rules := string_rules(field):
+            declared = {k: v for k, v in node.items() if k in ("pattern", "minLength", "maxLength")}
+            assert declared == rules, f"{path} ({variable}): form"
+            compared.append(path)
     numeric_values = {
         "compass-broker": {
             "director.maxConcurrency",
@@ -329,6 +356,8 @@ def test_the_chart_schema_holds_the_settings_bounds(chart: str, component: str) 
             "policy.rateLimitBurst",
             "breaker.failureThreshold",
             "breaker.openSeconds",
+            "kcpNamespace",
+            "identity.audience",
         },
         "compass-agent": {
             "broker.timeoutSeconds",
@@ -336,6 +365,7 @@ def test_the_chart_schema_holds_the_settings_bounds(chart: str, component: str) 
             "gracePeriods.connectionSeconds",
             "refusalCadenceSeconds",
             "backoffCapSeconds",
+            "identity.audience",
         },
     }[chart]
     assert numeric_values <= set(compared)  # the mapping was read, not skipped
