@@ -87,6 +87,7 @@ ADMISSION_GAUGES = (
     "broker_director_late_calls_total",
     "broker_event_loop_lag_seconds",
     "broker_first_contacts_waiting",
+    "broker_deferred_writes_pending",
 )
 REGISTER_BATCH = 50  # steady state registers its runtimes in batches (not a cold start)
 TOKEN_SLACK_SECONDS = 3600  # tokens stay valid this long after a run's deadline

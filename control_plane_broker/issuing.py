@@ -50,8 +50,8 @@ from control_plane_broker.settings import Settings
 log = logging.getLogger(__name__)
 
 
-# Runs a piece of work once the answer has been sent (FastAPI's `BackgroundTasks.add_task`).
-AfterAnswer = Callable[[Callable[[], Awaitable[None]]], None]
+# Takes a write to run later (`DeferredWrites.defer`); False when it could not take it.
+AfterAnswer = Callable[[Callable[[], Awaitable[None]]], bool]
 
 
 class KymaReader(Protocol):
@@ -89,7 +89,13 @@ class TokenIssuer:
         status: StatusRecorder,
         limiter: RateLimiter,
         clock: Callable[[], float],
+        after_answer: AfterAnswer | None = None,
     ) -> None:
+        """`after_answer`: takes the writes no answer waits for (the mapping's status, once a
+        token is issued or Director failed), to run later (`overload/deferred_writes`): a
+        status write under load can take seconds, and while requests wait for Director they
+        must not share the broker and the KCP API server with bookkeeping (default: they are
+        awaited before the answer)."""
         self._settings = settings
         self._cache = cache
         self._verifier = verifier
@@ -100,6 +106,7 @@ class TokenIssuer:
         self._status = status
         self._limiter = limiter
         self._clock = clock  # monotonic: rate limits
+        self._after_answer = after_answer
 
     async def issue(
         self,
@@ -109,7 +116,6 @@ class TokenIssuer:
         caller_present: CallerPresent | None = None,
         identity_checked: Callable[[], None] | None = None,
         arrived_at: float | None = None,
-        after_answer: AfterAnswer | None = None,
     ) -> IssuedToken:
         """`caller_present` tells whether the caller still waits (the HTTP connection is open).
         A request whose caller is gone before it is served costs nothing more (in a burst the
@@ -119,10 +125,7 @@ class TokenIssuer:
         `identity_checked` is called once the identity check is over, passed or not: the
         first-contact limit in front of the app (`api/first_contact_middleware.py`) lets the next
         first contact in. `arrived_at` (this issuer's clock): when the request reached the
-        broker; its deadline counts from then (default: now). `after_answer`: runs work after the
-        answer is sent (the mapping's status): the agent's timeout counts until it has its
-        token, and a status write under load can take seconds (default: the work is awaited
-        before the answer)."""
+        broker; its deadline counts from then (default: now)."""
         deadline = (
             self._clock() if arrived_at is None else arrived_at
         ) + self._settings.request_deadline_seconds
@@ -165,22 +168,22 @@ class TokenIssuer:
                 registered = await self._register_lost(kyma, known)
                 ott = await self._token(registered, follow_up=True, caller=caller_present)
         except (CompassUnavailable, CompassRejected) as exc:
-            await self._status.failed(
+            await self._later(
+                functools.partial(
+                    self._status.failed,
+                    kyma=kyma,
+                    condition="TokenIssued",
+                    event_reason="TokenRequestFailed",
+                    exc=exc,
+                    director_labels=registered.labels,
+                ),
                 kyma=kyma,
-                condition="TokenIssued",
-                event_reason="TokenRequestFailed",
-                exc=exc,
-                director_labels=registered.labels,
             )
             raise
         # Only issued tokens count: attempts that fail (Compass down) must not lock a runtime out.
         self._limiter.try_take(kyma.name, self._clock())
         log.info("token issued", extra={"kyma": kyma.name, "compass_id": registered.compass_id})
-        record = functools.partial(self._record_issued, kyma, registered)
-        if after_answer is None:
-            await record()
-        else:
-            after_answer(record)
+        await self._later(functools.partial(self._record_issued, kyma, registered), kyma=kyma)
         return IssuedToken(
             token=ott.token,
             connector_url=ott.connector_url,
@@ -188,6 +191,19 @@ class TokenIssuer:
             tenant=registered.tenant,
             expires_at=ott.expires_at,
         )
+
+    async def _later(self, write: Callable[[], Awaitable[object]], *, kyma: KymaView) -> None:
+        if self._after_answer is None:
+            await write()
+            return
+
+        async def run() -> None:
+            await write()
+
+        if not self._after_answer(run):
+            log.error(
+                "mapping status not written: too many writes waiting", extra={"kyma": kyma.name}
+            )
 
     async def _record_issued(self, kyma: KymaView, registered: Registered) -> None:
         # Best effort, and after the answer nobody could be told of a failure: logged by type.
@@ -222,8 +238,15 @@ class TokenIssuer:
         try:
             return await self._registration.ensure_registered(kyma, fresh=fresh)
         except (CompassUnavailable, CompassRejected) as exc:
-            await self._status.failed(
-                kyma=kyma, condition="Registered", event_reason="RegistrationFailed", exc=exc
+            await self._later(
+                functools.partial(
+                    self._status.failed,
+                    kyma=kyma,
+                    condition="Registered",
+                    event_reason="RegistrationFailed",
+                    exc=exc,
+                ),
+                kyma=kyma,
             )
             raise
         except CompassTenantUnknown as exc:

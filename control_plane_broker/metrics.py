@@ -133,6 +133,12 @@ class Metrics:
             "How late the event loop ran the latest of its twice-a-second timer ticks.",
             registry=r,
         )
+        self.deferred_writes = Gauge(
+            "broker_deferred_writes_pending",
+            "KCP writes no answer waits for (statuses after a token, Events), waiting while "
+            "requests wait for Director.",
+            registry=r,
+        )
         self.first_contacts_waiting = Gauge(
             "broker_first_contacts_waiting",
             "Requests of runtimes not proven recently, waiting in front of the app for a place "

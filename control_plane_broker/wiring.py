@@ -58,6 +58,7 @@ from control_plane_broker.kyma_reconciler import KymaReconciler
 from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload import circuit_breaker as cb
+from control_plane_broker.overload.deferred_writes import DeferredWrites
 from control_plane_broker.overload.director_limiter import DirectorLimiter
 from control_plane_broker.overload.rate_limit import BucketPolicy, RateLimiter
 from control_plane_broker.registration.service import Hook, RegistrationService
@@ -88,9 +89,14 @@ async def run(
     me = replica_identity()
     metrics = Metrics()
     async with AsyncExitStack() as stack:
-        kcp = control_plane(settings, kcp_access, stack=stack, me=me, metrics=metrics)
         director, director_limiter, oauth = director_side(
             settings, credentials, stack=stack, metrics=metrics
+        )
+        deferred = DeferredWrites(
+            busy=director_limiter.backlogged, clock=mono, on_depth=metrics.deferred_writes.set
+        )
+        kcp = control_plane(
+            settings, kcp_access, stack=stack, me=me, metrics=metrics, deferred=deferred
         )
         registration = RegistrationService(
             settings=settings,
@@ -112,6 +118,7 @@ async def run(
             director=director,
             director_limiter=director_limiter,
             metrics=metrics,
+            deferred=deferred,
         )
         supervisor = Supervisor(
             on_start=metrics.on_task_started, on_restart=metrics.on_task_restarted
@@ -124,6 +131,7 @@ async def run(
             kcp=kcp,
             director=director,
             registration=registration,
+            deferred=deferred,
             stack=stack,
             me=me,
             metrics=metrics,
@@ -184,7 +192,13 @@ class ControlPlane:
 
 
 def control_plane(
-    settings: Settings, access: ClusterAccess, *, stack: AsyncExitStack, me: str, metrics: Metrics
+    settings: Settings,
+    access: ClusterAccess,
+    *,
+    stack: AsyncExitStack,
+    me: str,
+    metrics: Metrics,
+    deferred: DeferredWrites,
 ) -> ControlPlane:
     ns = settings.kcp_namespace
     kcp = KubeClient(
@@ -208,7 +222,7 @@ def control_plane(
         host=me,
         min_write_interval=EVENT_WRITE_INTERVAL_SECONDS,
     )
-    events = KymaEvents(recorder, namespace=ns)
+    events = KymaEvents(recorder, namespace=ns, deferred=deferred)
 
     async def kubeconfig_invalid(runtime_id: str, problem: str) -> None:
         kyma = kymas.get(runtime_id.lower())
@@ -384,6 +398,7 @@ def endpoints(
     director: DirectorClient,
     director_limiter: DirectorLimiter,
     metrics: Metrics,
+    deferred: DeferredWrites,
 ) -> tuple[TokenIssuer, ConnectionReporter]:
     """What the two endpoints call: the token issuer and the connection reporter, each behind
     the revocation gate and its own per-runtime rate limit."""
@@ -409,6 +424,7 @@ def endpoints(
             )
         ),
         clock=mono,
+        after_answer=deferred.defer,
     )
     reporter = ConnectionReporter(
         settings=settings,
@@ -434,12 +450,14 @@ def background_tasks(
     kcp: ControlPlane,
     director: DirectorClient,
     registration: RegistrationService,
+    deferred: DeferredWrites,
     stack: AsyncExitStack,
     me: str,
     metrics: Metrics,
 ) -> None:
-    """Starts the watches, the Event flusher and, where enabled, the reconciler under the Lease;
-    registers their stop: tasks first, then pending Events written, then the Lease released."""
+    """Starts the watches, the Event flusher, the deferred writes and, where enabled, the
+    reconciler under the Lease; registers their stop: tasks first, then deferred writes and
+    pending Events written, then the Lease released."""
     elector = LeaderElector(
         kcp.client,
         namespace=settings.lease_namespace,
@@ -462,6 +480,7 @@ def background_tasks(
     supervisor.start("kyma-watch", kcp.kymas.run)
     supervisor.start("mapping-watch", kcp.mappings.run)
     supervisor.start("event-flusher", kcp.recorder.run_flusher, required=False)
+    supervisor.start("deferred-writes", deferred.run)
     if not settings.reconciler_enabled:
         return
     reconciler = KymaReconciler(

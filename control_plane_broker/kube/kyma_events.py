@@ -7,10 +7,10 @@ and bidi characters are dropped from them (`text.for_humans`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from control_plane_broker.kyma import KYMA_GROUP, KYMA_VERSION
+from control_plane_broker.overload.deferred_writes import DeferredWrites
 from control_plane_broker.text import for_humans
 from kubeapi import EventRecorder, ObjectRef
 
@@ -19,35 +19,46 @@ log = logging.getLogger(__name__)
 MAX_PENDING = 1024  # Events in flight in the background; beyond that they are dropped (logged)
 
 
+def _never_busy() -> bool:
+    return False
+
+
 class KymaEvents:
-    def __init__(self, recorder: EventRecorder, *, namespace: str) -> None:
+    def __init__(
+        self,
+        recorder: EventRecorder,
+        *,
+        namespace: str,
+        deferred: DeferredWrites | None = None,
+    ) -> None:
+        """`deferred`: where emitted Events wait while Director is busy (default: none wait,
+        each is written at once in the background, at most `MAX_PENDING` at a time)."""
         self._recorder = recorder
         self._namespace = namespace
-        self._pending: set[asyncio.Task[None]] = set()
+        self._deferred = deferred or DeferredWrites(
+            busy=_never_busy, max_pending=0, max_started=MAX_PENDING
+        )
 
     def emit(
         self, *, kyma_name: str, kyma_uid: str, reason: str, message: str, warning: bool = False
     ) -> None:
         """Records an Event in the background: an answer never waits for its Event."""
-        if len(self._pending) >= MAX_PENDING:
-            log.warning("event dropped: too many in flight", extra={"reason": reason})
-            return
-        task = asyncio.create_task(
-            self.record(
+
+        async def write() -> None:
+            await self.record(
                 kyma_name=kyma_name,
                 kyma_uid=kyma_uid,
                 reason=reason,
                 message=message,
                 warning=warning,
             )
-        )
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+
+        if not self._deferred.defer(write):
+            log.warning("event dropped: too many waiting", extra={"reason": reason})
 
     async def drain(self) -> None:
-        """Waits for the Events still in flight (at shutdown)."""
-        if self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        """Writes the Events still waiting or in flight (at shutdown)."""
+        await self._deferred.drain()
 
     async def record(
         self, *, kyma_name: str, kyma_uid: str, reason: str, message: str, warning: bool = False

@@ -222,6 +222,11 @@ class DirectorLimiter:
         since the open period ended (the breaker moves only when one does)."""
         return cb.would_refuse(self._breaker, self._policy, self._clock())
 
+    def backlogged(self) -> bool:
+        """Does work wait for Director: calls waiting for a slot, or its capacity booked ahead
+        of now? What no answer waits for yields to it (`overload/deferred_writes`)."""
+        return self._slots.waiting > 0 or self.schedule.reserved_until > self._clock()
+
     def snapshot(self) -> DirectorLoad:
         schedule = self.schedule
         schedule.expire(self._clock())  # right at scrape time, also with no request since

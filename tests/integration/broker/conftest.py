@@ -309,6 +309,20 @@ class Broker:
     def metrics(self) -> str:
         return httpx.get(f"{self.url}/metrics", timeout=10).text
 
+    def gauge(self, name: str) -> float | None:
+        for line in self.metrics().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return None
+
+    def writes_settled(self) -> None:
+        """Waits until the KCP writes no answer waits for (the mapping's status after a token
+        or a failure, Events) are written: they wait while Director is busy."""
+        wait_for(
+            lambda: self.gauge("broker_deferred_writes_pending") == 0,
+            what="the broker's deferred writes written",
+        )
+
     def logs(self) -> list[dict[str, Any]]:
         out = []
         for line in self.lines:

@@ -61,6 +61,7 @@ def test_registration_and_token_failures_set_conditions_and_one_warning(
     )
     r = broker.request_token(rt_a.runtime_id, rt_a.token())
     assert problem(r) == (502, "compass-rejected"), r.text
+    broker.writes_settled()  # the answer did not wait for the condition
     registered = condition(rt_a, "Registered")
     assert registered is not None
     assert (registered["status"], registered["reason"]) == ("False", "CompassRejected")
@@ -75,6 +76,7 @@ def test_registration_and_token_failures_set_conditions_and_one_warning(
     version = mapping["metadata"]["resourceVersion"]
     r = broker.request_token(rt_a.runtime_id, rt_a.token())
     assert problem(r) == (502, "compass-rejected")
+    broker.writes_settled()
     assert rt_a.mapping()["metadata"]["resourceVersion"] == version  # type: ignore[index]
     assert len(warnings(rt_a, "RegistrationFailed")) == 1
 
@@ -98,6 +100,7 @@ def test_registration_and_token_failures_set_conditions_and_one_warning(
         r = broker.request_token(rt_a.runtime_id, rt_a.token())
         assert problem(r) == (503, "compass-unavailable"), r.text
         assert int(r.headers["Retry-After"]) >= 1
+    broker.writes_settled()
     token_issued = condition(rt_a, "TokenIssued")
     assert token_issued is not None
     assert (token_issued["status"], token_issued["reason"]) == ("False", "CompassUnavailable")

@@ -5,7 +5,7 @@ what each costs, and that every caller gets its own token."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from control_plane_broker.errors import (
     RuntimeRevoked,
 )
 from control_plane_broker.identity.claims import Identity
-from control_plane_broker.issuing import TokenIssuer
+from control_plane_broker.issuing import AfterAnswer, TokenIssuer
 from control_plane_broker.kyma import KymaView
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload import circuit_breaker as cb
@@ -197,7 +197,13 @@ class World:
     clock: Clock
 
 
-def world(*, burst: int = 5, max_concurrency: int = 1, queue_timeout: float = 1.0) -> World:
+def world(
+    *,
+    burst: int = 5,
+    max_concurrency: int = 1,
+    queue_timeout: float = 1.0,
+    after_answer: AfterAnswer | None = None,
+) -> World:
     recorder = Recorder()
     clock = Clock()
     director_limiter = DirectorLimiter(
@@ -223,6 +229,7 @@ def world(*, burst: int = 5, max_concurrency: int = 1, queue_timeout: float = 1.
         status=Status(recorder),  # type: ignore[arg-type]
         limiter=RateLimiter(BucketPolicy(burst=burst, per_second=1 / 60)),
         clock=clock,
+        after_answer=after_answer,
     )
     return World(recorder, issuer, director_limiter, clock)
 
@@ -493,12 +500,52 @@ async def test_a_request_that_spent_its_time_in_front_is_deferred_before_any_cal
     assert issued.token == "ott-1"
 
 
+class Later:
+    """What `after_answer` was given, to run when the test says; `full` refuses like a full
+    queue of deferred writes."""
+
+    def __init__(self, *, full: bool = False) -> None:
+        self.writes: list[Callable[[], Awaitable[None]]] = []
+        self.full = full
+
+    def take(self, write: Callable[[], Awaitable[None]]) -> bool:
+        if self.full:
+            return False
+        self.writes.append(write)
+        return True
+
+    async def run_all(self) -> None:
+        for write in self.writes:
+            await write()
+
+
 async def test_the_status_is_written_after_the_answer_when_the_caller_can_run_work_then() -> None:
-    w = world()
-    later: list[Any] = []
-    issued = await w.issuer.issue("rt-1", HEADERS, after_answer=later.append)
+    later = Later()
+    w = world(after_answer=later.take)
+    issued = await w.issuer.issue("rt-1", HEADERS)
     assert issued.token == "ott-1"
     assert w.recorder.statuses == []  # the answer did not wait for the mapping's status
-    assert len(later) == 1
-    await later[0]()
+    assert len(later.writes) == 1
+    await later.run_all()
     assert w.recorder.statuses == [("issued", REGISTERED)]
+
+
+async def test_a_failure_status_is_written_later_too_and_the_caller_told_at_once() -> None:
+    later = Later()
+    w = world(after_answer=later.take)
+    w.recorder.token_error = CompassUnavailable("Director is down", retry_after=30)
+    with pytest.raises(CompassUnavailable):
+        await w.issuer.issue("rt-1", HEADERS)
+    assert w.recorder.statuses == []
+    await later.run_all()
+    assert [(s[0], s[1]["condition"]) for s in w.recorder.statuses] == [("failed", "TokenIssued")]
+
+
+async def test_a_status_the_deferred_writes_cannot_take_is_logged_not_written(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = world(after_answer=Later(full=True).take)
+    issued = await w.issuer.issue("rt-1", HEADERS)
+    assert issued.token == "ott-1"
+    assert w.recorder.statuses == []
+    assert "mapping status not written" in caplog.text

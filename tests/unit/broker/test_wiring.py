@@ -12,6 +12,7 @@ import pytest
 from control_plane_broker import wiring
 from control_plane_broker.kube.runtime_access import RuntimeAccess
 from control_plane_broker.metrics import Metrics
+from control_plane_broker.overload.deferred_writes import DeferredWrites
 from control_plane_broker.settings import DirectorCredentials, Settings
 from kubeapi import ClusterAccess
 
@@ -39,14 +40,15 @@ async def build(settings: Settings, *, then: Exception | None = None) -> None:
     is raised after them, as a later start-up step would."""
     metrics = Metrics()
     async with AsyncExitStack() as stack:
+        _, limiter, _ = wiring.director_side(settings, CREDENTIALS, stack=stack, metrics=metrics)
         kcp = wiring.control_plane(
             settings,
             ClusterAccess(server="https://kcp.test"),
             stack=stack,
             me="replica",
             metrics=metrics,
+            deferred=DeferredWrites(busy=limiter.backlogged),
         )
-        wiring.director_side(settings, CREDENTIALS, stack=stack, metrics=metrics)
         wiring.identity(settings, kcp=kcp, stack=stack, metrics=metrics)
         if then is not None:
             raise then
@@ -65,7 +67,7 @@ async def test_a_close_that_fails_does_not_keep_the_others_from_closing(
     )
     with pytest.raises(RuntimeError, match="close failed"):
         await build(settings)
-    # KCP, Director, OAuth, issuer keys: the KCP client closes after the failed one.
+    # Director, OAuth, KCP, issuer keys: the KCP client closes after the failed one.
     assert len(made) == 4
     assert all(client.is_closed for client in made)
 
