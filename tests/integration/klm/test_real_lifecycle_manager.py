@@ -1,0 +1,332 @@
+"""The agent installed by the real lifecycle-manager (KLM), from what `make module` produces.
+
+KLM reads the module from the registry by ModuleReleaseMeta `ocmComponentName` and
+ModuleTemplate `version`, renders the raw manifest into the runtime, and shows the agent's
+Deployment status as the module state. The Deployment status is the one stand-in here: written
+from the agent's own `/readyz` (devenv.klm.RolloutStandIn, docs/module.md). Timings: KLM
+requeues every 2 s here, and a first install took ~14 s on an idle machine.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from devenv import klm
+from devenv import kyma_module as km
+from tests.integration.agent.conftest import problem_reply, token_reply
+from tests.integration.klm.conftest import CONFIG, MODULE, Kcp, Runtime
+from tests.integration.waiting import eventually
+
+INSTALL = 90.0  # KLM's first reconcile of a new runtime on a loaded 2-core machine
+SECRET = "compass-agent-configuration"
+
+
+def skr_kyma(rt: Runtime) -> dict[str, Any] | None:
+    return runtime_object(rt, "kymas", "default")
+
+
+async def enable_module(rt: Runtime) -> None:
+    """What the customer does: the module in the runtime's own Kyma, which KLM created."""
+    await eventually(lambda: skr_kyma(rt), what="KLM creating kyma-system/default", within=INSTALL)
+    rt.cluster.custom.patch_namespaced_custom_object(
+        *klm.OPERATOR,
+        klm.KYMA_NAMESPACE,
+        "kymas",
+        "default",
+        {"spec": {"modules": [{"name": MODULE}]}},
+    )
+
+
+def deployment(rt: Runtime, name: str) -> client.V1Deployment | None:
+    try:
+        return client.AppsV1Api(rt.cluster.api_client).read_namespaced_deployment(
+            name, klm.KYMA_NAMESPACE
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def manifest_name(rt: Runtime) -> str:
+    manifests = rt.kcp.cluster.custom.list_namespaced_custom_object(
+        *klm.OPERATOR,
+        klm.KCP_NAMESPACE,
+        "manifests",
+        label_selector=f"{klm.KYMA_NAME_LABEL}={rt.kyma}",
+    )["items"]
+    (manifest,) = [m for m in manifests if MODULE in m["metadata"]["name"]]
+    return str(manifest["metadata"]["name"])
+
+
+async def start_agent(rt: Runtime) -> None:
+    """The agent as the Deployment KLM applied runs it: its environment (nothing per cluster),
+    a token of the manifest's ServiceAccount, the application-connector module on."""
+    found = await eventually(
+        lambda: deployment(rt, CONFIG.manager.name), what="the agent Deployment", within=INSTALL
+    )
+    (container,) = found.spec.template.spec.containers
+    env = {
+        e.name.removeprefix("AGENT_").lower(): e.value
+        for e in container.env or []
+        if e.value is not None
+        and e.name not in ("AGENT_NAMESPACE", "AGENT_HEALTH_ADDRESS", "AGENT_SA_TOKEN_FILE")
+    }
+    cluster = rt.cluster
+    token = cluster.service_account_token(
+        klm.KYMA_NAMESPACE, "compass-agent", audiences=[cluster.issuer]
+    )
+    kubeconfig = rt.env.workdir / "agent.kubeconfig"
+    kubeconfig.write_text(cluster.kubeconfig_with_token(token, user="compass-agent"))
+    # The release's template, https://compass-broker.{kcp_domain}, names no local host; this one
+    # keeps KCP_ADDR's domain in the path, so the broker's log shows where the URL came from.
+    env["broker_url_template"] = f"{rt.broker.url}/{{kcp_domain}}"
+    settings = rt.env.settings(None, kubeconfig=kubeconfig, broker_ca_bundle=rt.ca_bundle, **env)
+    assert settings.broker_url is None  # the manifest names no broker
+    rt.env.put_application_connector()
+    rt.agent = await rt.env.start(settings)
+
+
+async def installed_and_ready(rt: Runtime) -> None:
+    await enable_module(rt)
+    await start_agent(rt)
+    await eventually(rt.env.secret_data, what="the token secret", within=30)
+    await module_ready(rt)
+
+
+async def test_enabled_module_is_installed_and_the_kyma_goes_ready_with_the_agents_readiness(
+    runtime: Runtime,
+) -> None:
+    await installed_and_ready(runtime)
+    # The agent found the broker from KCP_ADDR on the skr-webhook KLM made: the Gateway's host
+    # (skr-events.kcp.example.test) minus its first label.
+    assert runtime.broker.paths == [f"/kcp.example.test/v1/runtimes/{runtime.runtime_id}/token"]
+    webhook = deployment(runtime, klm.WEBHOOK_DEPLOYMENT)
+    assert webhook is not None
+    env = {e.name: e.value for e in webhook.spec.template.spec.containers[0].env or []}
+    assert env["KCP_ADDR"] == f"{klm.KCP_EVENTS_HOST}:443"
+    # The runtime ID came from the label KLM put on the runtime's Kyma.
+    labels = (skr_kyma(runtime) or {})["metadata"]["labels"]
+    assert labels[klm.RUNTIME_ID_LABEL] == runtime.runtime_id
+
+
+async def test_objects_carry_what_the_imitation_says_lifecycle_manager_puts_on_them(
+    runtime: Runtime,
+) -> None:
+    """devenv.kyma_module stands in for KLM in the other module tests and the demo: its labels
+    and annotations must be KLM's, object by object."""
+    await enable_module(runtime)
+    await eventually(
+        lambda: deployment(runtime, CONFIG.manager.name), what="the agent", within=INSTALL
+    )
+    name = manifest_name(runtime)
+    raw = km.yaml.safe_load_all((runtime.kcp.module_files / km.MANIFEST_FILE).read_text())
+    imitated = km.as_lifecycle_manager_renders(
+        [o for o in raw if o], owner=f"{klm.KCP_NAMESPACE}/{name}"
+    )
+    for want in imitated:
+        got = read_raw(runtime, want)
+        for key in (km.MANAGED_BY_LABEL, km.PART_OF_LABEL, km.COMPONENT_LABEL):
+            assert got["metadata"]["labels"][key] == want["metadata"]["labels"][key], (
+                want["kind"],
+                key,
+            )
+        for key in (km.OWNED_BY_ANNOTATION, km.DISCLAIMER_ANNOTATION):
+            assert got["metadata"]["annotations"][key] == want["metadata"]["annotations"][key]
+        assert got["metadata"].get("namespace") == want["metadata"].get("namespace")
+        managers = {m["manager"] for m in got["metadata"]["managedFields"]}
+        assert km.FIELD_MANAGER in managers
+    # KLM's catalog sync: the runtime gets the ModuleTemplate and ModuleReleaseMeta (beta Kyma).
+    for kind, plural, obj_name in (
+        ("ModuleTemplate", "moduletemplates", CONFIG.template_name),
+        ("ModuleReleaseMeta", "modulereleasemetas", MODULE),
+    ):
+        copied = await eventually(
+            lambda p=plural, n=obj_name: runtime_object(runtime, p, n),
+            what=f"the {kind} copied into the runtime",
+            within=INSTALL,
+        )
+        want = km.as_lifecycle_manager_syncs_to_runtime(copied_source(runtime, kind))
+        # The copy also shows the CRD's defaults of fields make module leaves out.
+        assert {k: copied["spec"].get(k) for k in want["spec"]} == want["spec"]
+        assert copied["metadata"]["namespace"] == want["metadata"]["namespace"]
+        assert want["metadata"]["labels"].items() <= copied["metadata"]["labels"].items()
+    labels, annotations = km.runtime_kyma_marks(runtime.kyma, runtime.runtime_id)
+    metadata = (skr_kyma(runtime) or {})["metadata"]
+    assert labels.items() <= metadata["labels"].items()
+    assert annotations.items() <= metadata["annotations"].items()
+
+
+def copied_source(rt: Runtime, kind: str) -> dict[str, Any]:
+    return rt.kcp.template() if kind == "ModuleTemplate" else rt.kcp.release_meta()
+
+
+def runtime_object(rt: Runtime, plural: str, name: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = rt.cluster.custom.get_namespaced_custom_object(
+            *klm.OPERATOR, klm.KYMA_NAMESPACE, plural, name
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return found
+
+
+def read_raw(rt: Runtime, obj: dict[str, Any]) -> dict[str, Any]:
+    resource = DynamicClient(rt.cluster.api_client).resources.get(
+        api_version=obj["apiVersion"], kind=obj["kind"]
+    )
+    found = resource.get(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"))
+    result: dict[str, Any] = found.to_dict()
+    return result
+
+
+async def module_ready(rt: Runtime) -> None:
+    await eventually(
+        lambda: rt.module_state() == "Ready" and rt.kyma_state() == "Ready",
+        what="module and Kyma Ready",
+        within=INSTALL,
+        interval=0.5,
+    )
+
+
+async def test_a_failing_readyz_shows_in_the_module_state(runtime: Runtime) -> None:
+    # Compass down: the broker answers 503 with Retry-After. The agent backs off for a stated
+    # reason and stays ready, so the module is Ready: Compass being down must not turn it red.
+    answers = {"now": problem_reply(503, "compass-unavailable", retry_after="1")}
+    runtime.broker.script = lambda n: answers["now"]
+    await enable_module(runtime)
+    await start_agent(runtime)
+    await module_ready(runtime)
+    assert runtime.env.secret_data() is None
+    # The broker gone (a NetworkPolicy, DNS): /readyz fails, and KLM shows it.
+    await runtime.broker.stop()
+    agent = runtime.agent
+    assert agent is not None
+    # Asked in-process: an HTTP call from this thread would block the loop the agent serves on.
+    await eventually(lambda: agent.reconciler.readiness()[0] is False, what="not ready", within=60)
+    await eventually(
+        lambda: runtime.module_state() not in ("Ready", None) and runtime.kyma_state() != "Ready",
+        what="module and Kyma no longer Ready",
+        within=INSTALL,
+        interval=0.5,
+    )
+    answers["now"] = token_reply(1)
+    await runtime.broker.start()
+    await eventually(runtime.env.secret_data, what="the token secret", within=30)
+    await module_ready(runtime)
+
+
+async def test_removed_module_objects_go_and_the_secret_stays(runtime: Runtime) -> None:
+    await installed_and_ready(runtime)
+    before = runtime.env.secret_data()
+    runtime.cluster.custom.patch_namespaced_custom_object(
+        *klm.OPERATOR, klm.KYMA_NAMESPACE, "kymas", "default", {"spec": {"modules": []}}
+    )
+    await eventually(
+        lambda: deployment(runtime, CONFIG.manager.name) is None,
+        what="the agent Deployment deleted by KLM",
+        within=INSTALL,
+    )
+    await runtime.env.stop_all()  # the kubelet would stop the pod
+    rbac = client.RbacAuthorizationV1Api(runtime.cluster.api_client)
+    await eventually(
+        lambda: (
+            not [
+                r
+                for r in rbac.list_namespaced_role(klm.KYMA_NAMESPACE).items
+                if r.metadata.name == "compass-agent"
+            ]
+        ),
+        what="the agent's Role deleted",
+        within=INSTALL,
+    )
+    await eventually(
+        lambda: klm.module_status(runtime.kcp_kyma(), MODULE) is None,
+        what="the module gone from the Kyma status",
+        within=INSTALL,
+    )
+    assert runtime.env.secret_data() == before
+
+
+async def test_kyma_deleted_klm_removes_the_module_then_the_runtimes_kyma_and_the_secret_stays(
+    runtime: Runtime,
+) -> None:
+    await installed_and_ready(runtime)
+    before = runtime.env.secret_data()
+    requests = len(runtime.broker.requests)
+    runtime.kcp.cluster.custom.delete_namespaced_custom_object(
+        *klm.OPERATOR, klm.KCP_NAMESPACE, "kymas", runtime.kyma
+    )
+    # KLM's order (kyma/deletion): the module's objects first, the runtime's Kyma after them. So
+    # the agent is gone (the kubelet stops the pod of a deleted Deployment) before its Kyma
+    # carries a deletionTimestamp.
+    await eventually(
+        lambda: deployment(runtime, CONFIG.manager.name) is None,
+        what="the agent Deployment deleted by KLM",
+        within=INSTALL,
+    )
+    await runtime.env.stop_all()
+    await eventually(
+        lambda: runtime.kcp_kyma() is None,
+        what="the KCP Kyma deleted (KLM's finalizer done)",
+        within=INSTALL,
+        interval=0.5,
+    )
+    assert skr_kyma(runtime) is None  # and KLM deleted the Kyma CRD there too (also 404)
+    assert runtime.env.secret_data() == before
+    assert len(runtime.broker.requests) == requests
+
+
+# -- a module published wrong does not install -------------------------------------------------
+
+
+@contextmanager
+def published_as(
+    kcp: Kcp, *, template: dict[str, Any], release_meta: dict[str, Any]
+) -> Iterator[None]:
+    klm.apply_module(kcp.cluster, [template, release_meta])
+    try:
+        yield
+    finally:
+        klm.apply_module(kcp.cluster, [kcp.template(), kcp.release_meta()])
+
+
+def _wrong_name(template: dict[str, Any], release_meta: dict[str, Any]) -> str:
+    release_meta["spec"]["ocmComponentName"] = f"{CONFIG.name}-typo"
+    return f"component-descriptors/{CONFIG.name}-typo:{CONFIG.version}"
+
+
+def _wrong_version(template: dict[str, Any], release_meta: dict[str, Any]) -> str:
+    template["spec"]["version"] = "0.0.1-not-pushed"
+    return f"component-descriptors/{CONFIG.name}:0.0.1-not-pushed"
+
+
+@pytest.mark.parametrize("mistake", [_wrong_name, _wrong_version], ids=["name", "version"])
+async def test_a_component_klm_cannot_find_fails_the_module(
+    kcp: Kcp, runtime: Runtime, mistake: Callable[[dict[str, Any], dict[str, Any]], str]
+) -> None:
+    template, release_meta = copy.deepcopy(kcp.template()), copy.deepcopy(kcp.release_meta())
+    looked_up = mistake(template, release_meta)
+    with published_as(kcp, template=template, release_meta=release_meta):
+        await enable_module(runtime)
+        await eventually(
+            lambda: runtime.module_state() == "Error",
+            what="the module in Error",
+            within=INSTALL,
+            interval=0.5,
+        )
+        status = klm.module_status(runtime.kcp_kyma(), MODULE) or {}
+        # KLM looked where the published objects say, found nothing, installed nothing.
+        assert looked_up in status.get("message", "")
+        assert runtime.kyma_state() == "Error"
+        assert deployment(runtime, CONFIG.manager.name) is None
