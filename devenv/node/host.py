@@ -172,6 +172,11 @@ class HostSnapshot:
         for name in ("processes", "mounts", "cgroups", "links", "nft_tables", "paths", "netns"):
             before_set: frozenset[str] = getattr(self, name)
             after_set: frozenset[str] = getattr(after, name)
+            if name == "cgroups":
+                # Other processes make and remove cgroups of their own meanwhile on a shared
+                # machine; the node removes only cgroups it made, so one gone is never its doing.
+                lines += [f"{name}: new {item}" for item in sorted(self.node_cgroups(after_set))]
+                continue
             lines += [f"{name}: gone {item}" for item in sorted(before_set - after_set)]
             lines += [f"{name}: new {item}" for item in sorted(after_set - before_set)]
         for key in sorted(set(self.sysctls) | set(after.sysctls)):
@@ -182,6 +187,23 @@ class HostSnapshot:
         ):
             lines.append("nft ruleset changed within existing tables")
         return lines
+
+    def node_cgroups(self, now: Iterable[str]) -> set[str]:
+        """The cgroups in `now` the node made: new ones whose branch starts new at a hierarchy's
+        root, as the kubelet's `kubepods` does. A new cgroup under one that was there before is
+        another process's (on these machines the sandbox makes one per command it runs)."""
+        # A hierarchy's root is the one directory of it whose parent is not a cgroup.
+        roots = {
+            c for c in self.cgroups if c == "." or (os.path.dirname(c) or ".") not in self.cgroups
+        }
+        made = set()
+        for rel in set(now) - self.cgroups:
+            parent = os.path.dirname(rel) or "."
+            while parent not in self.cgroups and parent not in roots and parent != ".":
+                parent = os.path.dirname(parent) or "."
+            if parent in roots:
+                made.add(rel)
+        return made
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -340,7 +362,8 @@ def remove_new_cgroups(before: HostSnapshot, timeout: float = 10.0) -> list[str]
     go: it is retried until `timeout`, while killed processes exit)."""
     deadline = time.monotonic() + timeout
     while True:
-        left = sorted(_cgroup_dirs() - before.cgroups, key=lambda p: p.count("/"), reverse=True)
+        made = before.node_cgroups(_cgroup_dirs())
+        left = sorted(made, key=lambda p: p.count("/"), reverse=True)
         failed = []
         for rel in left:
             try:

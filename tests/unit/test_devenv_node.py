@@ -99,6 +99,22 @@ def test_snapshot_differences_name_every_trace_and_nothing_else() -> None:
     ]
 
 
+def test_only_cgroups_the_node_made_are_its_traces() -> None:
+    """On a shared machine other processes make and remove cgroups under their own while a node
+    runs: neither is the node's, and the cleanup must leave them alone."""
+    before = _snapshot(cgroups=frozenset({"memory", "memory/sandbox", "memory/sandbox/job-1"}))
+    kubelet = {"memory/kubepods", "memory/kubepods/pod-a"}
+    others = {"memory", "memory/sandbox", "memory/sandbox/job-2"}
+    after = _snapshot(cgroups=frozenset(others | kubelet))
+    assert before.node_cgroups(after.cgroups) == kubelet
+    assert before.differences(after) == [
+        "cgroups: new memory/kubepods",
+        "cgroups: new memory/kubepods/pod-a",
+    ]
+    unified = _snapshot(cgroups=frozenset({".", "system.slice"}))
+    assert unified.node_cgroups({".", "system.slice", "system.slice/x", "kubepods"}) == {"kubepods"}
+
+
 def test_a_snapshot_survives_json_for_the_cleanup_after_a_killed_run() -> None:
     before = _snapshot(paths=frozenset({"/var/lib/cni"}), netns=frozenset({"cni-1"}))
     assert host.HostSnapshot.from_json(before.to_json()) == before
