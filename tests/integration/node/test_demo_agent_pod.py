@@ -10,11 +10,13 @@ snapshot, as test_host_as_found.py compares it).
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from devenv.demo import cli
 from devenv.node import HOST_IP, host
 from tests.conftest import REPO_ROOT
 from tests.integration.node.conftest import NodeSlot
@@ -54,3 +56,14 @@ def test_the_demo_runs_runtime_a_agent_as_a_real_pod(node_slot: NodeSlot, tmp_pa
         "Connected",
         "unregistered",
     )
+
+
+def test_the_option_is_refused_at_once_where_no_node_can_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Not root: no node (cgroups, a bridge, nft rules); said before anything starts or builds.
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cli.main(["--workdir", str(tmp_path / "demo"), "--agent-pod"]) == 2
+    assert not (tmp_path / "demo").exists()
+    refusal, _ = cli.preflight(cli.build_parser().parse_args(["--agent-pod"]))
+    assert refusal == "--agent-pod needs root: a real node makes cgroups, a bridge and nft rules"
