@@ -3,9 +3,10 @@ with a real node, from the project's image (devenv/image.py, imported with ctr).
 
 The node's cluster is the control plane here (Kyma CRs, kubeconfig Secrets, mappings, the Lease)
 and also every runtime: each seeded runtime's kubeconfig Secret names this same API server, so the
-broker pods verify agents' tokens by TokenReview on it, through the `kubernetes` Service's
-neighbour address 10.77.0.1 as any runtime's API server would be reached. Director is the Compass
-simulator on the bridge's host address, where pods reach it.
+broker pods verify agents' tokens by TokenReview on it at its address on the bridge (10.77.0.1),
+as they reach any runtime's API server: by the address in its kubeconfig. Director is the Compass
+simulator on the same host address, where pods reach it. The fleets run on the host and reach the
+Service's ClusterIP through kube-proxy's rules, as pods do.
 
 - Two replicas Ready by their probes, the Service's endpoints, the PodDisruptionBudget allowing
   one disruption, one Lease holder; the agent's chart as a pod, pointed at the Service's address
