@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -48,6 +49,7 @@ KYMA_NAME_LABEL = "operator.kyma-project.io/kyma-name"
 RUNTIME_ID_LABEL = "kyma-project.io/runtime-id"
 BETA_LABEL = "operator.kyma-project.io/beta"
 SKR_DOMAIN_ANNOTATION = "skr-domain"
+SKIP_RECONCILIATION_LABEL = "operator.kyma-project.io/skip-reconciliation"
 WEBHOOK_DEPLOYMENT = "skr-webhook"
 
 
@@ -268,6 +270,19 @@ def add_runtime(
     kcp.custom.create_namespaced_custom_object(*OPERATOR, KCP_NAMESPACE, "kymas", body)
 
 
+def leave_runtime(kcp: TestCluster, kyma: str) -> None:
+    """KLM stops reconciling the Kyma (its skip label), so a runtime whose API server is gone
+    does not keep its workers retrying."""
+    with suppress(ApiException):
+        kcp.custom.patch_namespaced_custom_object(
+            *OPERATOR,
+            KCP_NAMESPACE,
+            "kymas",
+            kyma,
+            {"metadata": {"labels": {SKIP_RECONCILIATION_LABEL: "true"}}},
+        )
+
+
 def kcp_kyma(kcp: TestCluster, kyma: str) -> dict[str, Any] | None:
     try:
         found: dict[str, Any] = kcp.custom.get_namespaced_custom_object(  # type: ignore[assignment]
@@ -308,6 +323,7 @@ class Klm:
     def start(self) -> None:
         tmp = self.workdir / "tmp"  # KLM caches raw manifests under $TMPDIR
         tmp.mkdir(parents=True, exist_ok=True)
+        health = free_port()
         argv = [
             str(self.build.manager),
             f"--kubeconfig={self.kcp.kubeconfig_path}",
@@ -315,7 +331,7 @@ class Klm:
             "--skr-watcher-image-tag=devenv",
             "--leader-elect=false",
             "--metrics-bind-address=127.0.0.1:0",
-            "--health-probe-bind-address=127.0.0.1:0",
+            f"--health-probe-bind-address=127.0.0.1:{health}",
             f"--kyma-skr-listener-bind-address=127.0.0.1:{free_port()}",
             # Landscape defaults are minutes; the state of a test must show in seconds.
             *(
@@ -337,9 +353,20 @@ class Klm:
                 env=env,
                 start_new_session=True,
             )
-        time.sleep(1.0)
-        if self._process.poll() is not None:
-            raise RuntimeError(f"lifecycle-manager exited at start:\n{self.log_tail()}")
+        self._wait_ready(f"http://127.0.0.1:{health}/readyz")
+
+    def _wait_ready(self, url: str, timeout: float = 90.0) -> None:
+        """Until its readiness endpoint answers: it exits at start when the KCP lacks what it
+        needs (the Gateway, a CRD it caches), and the log says what."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise RuntimeError(f"lifecycle-manager exited at start:\n{self.log_tail()}")
+            with suppress(httpx.TransportError):
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"lifecycle-manager not ready after {timeout}s:\n{self.log_tail()}")
 
     @property
     def running(self) -> bool:

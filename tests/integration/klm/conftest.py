@@ -165,5 +165,6 @@ async def runtime(kcp: Kcp, binaries: Binaries, tmp_path: Path) -> AsyncIterator
             await env.stop_all()
             await broker.stop()
             stand_in.stop()
+            klm.leave_runtime(kcp.cluster, rt.kyma)
     finally:
         cluster.stop()
