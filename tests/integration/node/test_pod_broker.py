@@ -39,7 +39,7 @@ from kubernetes.client.exceptions import ApiException
 from agent.broker_client import BrokerClient
 from agent.outcomes import Accepted, Issued, ReportOutcome
 from agent.retry_policy import DEFAULT_POLICY
-from bench.fleet import Agent, FleetProcesses, FleetResult, StaticIdentity
+from bench.fleet import Agent, FleetProcesses, FleetResult, StaticIdentity, outcome_label
 from bench.scenarios import connection_report
 from devenv.clusters import Binaries, TestCluster
 from devenv.compass_sim import CompassSimulator, SimConfig
@@ -78,6 +78,7 @@ LEASE = "compass-broker-leader"
 SELECTOR = "app.kubernetes.io/name=compass-broker"
 COLD_START = 40  # runtimes; with Director at 1 s a call the cold start lasts well past a pod's end
 REPORTING_AGENTS = 8
+NEWCOMERS = 10  # runtimes asking for their first token during a rollout, one every 2 s
 
 
 @dataclass
@@ -98,9 +99,9 @@ class Release:
         service = self.cluster.core.read_namespaced_service(RELEASE, self.namespace)
         return f"http://{service.spec.cluster_ip}:{service.spec.ports[0].port}"
 
-    def pods(self) -> list[Any]:
+    def pods(self, *, terminating: bool = False) -> list[Any]:
         found = self.cluster.core.list_namespaced_pod(self.namespace, label_selector=SELECTOR)
-        return [p for p in found.items if p.metadata.deletion_timestamp is None]
+        return [p for p in found.items if terminating or p.metadata.deletion_timestamp is None]
 
     def ready_pods(self) -> list[str]:
         return [
@@ -317,18 +318,23 @@ def report_label(answer: ReportOutcome) -> str:
 
 def test_helm_upgrade_rolls_the_pods_without_a_failed_agent_request(release: Release) -> None:
     runtimes = [release.seed() for _ in range(REPORTING_AGENTS)]
+    newcomers = [release.seed() for _ in range(NEWCOMERS)]
     token = release.token()
     before = {p.metadata.name for p in release.pods()}
-    outcomes: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()  # reports
+    pulls: Counter[str] = Counter()  # the newcomers' token requests, each attempt
 
-    async def agent(runtime: Runtime, rolled: asyncio.Event) -> None:
-        broker = BrokerClient(
+    def client() -> BrokerClient:
+        return BrokerClient(
             base_url=release.service_url,
             identity=StaticIdentity(token),
             policy=DEFAULT_POLICY,
             timeout=30,
             clock=lambda: datetime.now(UTC),
         )
+
+    async def agent(runtime: Runtime, rolled: asyncio.Event) -> None:
+        broker = client()
         try:
             assert isinstance(await broker.pull(runtime.runtime_id), Issued)
             body = json.dumps(connection_report(token)).encode()
@@ -339,10 +345,23 @@ def test_helm_upgrade_rolls_the_pods_without_a_failed_agent_request(release: Rel
         finally:
             await broker.aclose()
 
+    async def newcomer(runtime: Runtime, after: float) -> None:
+        """A runtime whose module is enabled during the rollout: registered and given a token."""
+        await asyncio.sleep(after)
+        broker = client()
+        try:
+            outcome = await broker.pull(
+                runtime.runtime_id, on_attempt=lambda o: pulls.update([outcome_label(o)])
+            )
+            assert isinstance(outcome, Issued), outcome
+        finally:
+            await broker.aclose()
+
     async def upgrade() -> float:
         rolled = asyncio.Event()
         reporting = [asyncio.create_task(agent(r, rolled)) for r in runtimes]
         await asyncio.sleep(3)
+        joining = [asyncio.create_task(newcomer(r, after=2.0 * i)) for i, r in enumerate(newcomers)]
         started = time.monotonic()
         await asyncio.to_thread(
             helm,
@@ -362,23 +381,29 @@ def test_helm_upgrade_rolls_the_pods_without_a_failed_agent_request(release: Rel
             timeout=200,
         )
         took = time.monotonic() - started
-        # Until the old pods are gone, not only Ready replacements: their ends are what counts.
+        # Until the old pods are gone, not only terminating: their ends are what counts.
         await asyncio.to_thread(
             wait_until,
             lambda: (
-                not ({p.metadata.name for p in release.pods()} & before)
+                not ({p.metadata.name for p in release.pods(terminating=True)} & before)
                 and len(release.ready_pods()) == 2
             ),
             within=90,
             what="the old pods gone",
         )
-        await asyncio.sleep(3)
+        await asyncio.sleep(2)
         rolled.set()
-        await asyncio.gather(*reporting)
+        await asyncio.gather(*reporting, *joining)
         return took
 
     took = asyncio.run(upgrade())
-    print(f"helm upgrade rolled in {took:.1f}s; agents' reports: {dict(outcomes)}")
+    print(
+        f"helm upgrade rolled in {took:.1f}s; agents' reports: {dict(outcomes)}; "
+        f"newcomers' token requests: {dict(pulls)}"
+    )
     assert outcomes["202"] > 10 * REPORTING_AGENTS
     failed = {k: v for k, v in outcomes.items() if k != "202"}
     assert not failed, (outcomes, release.logs())
+    # Every attempt answered by a broker (a 503 with Retry-After is an answer); none lost.
+    assert pulls["201"] == NEWCOMERS
+    assert not [k for k in pulls if k.startswith("transport")], pulls
