@@ -122,8 +122,11 @@ class Registry:
         if not self.host:
             raise RuntimeError(f"ocm-registry did not start: {self._log_tail()}")
 
-    def push(self, *, component: str, version: str, manifest: Path) -> None:
-        """The component version with `manifest` as its raw-manifest resource."""
+    def push(
+        self, *, component: str, version: str, manifest: Path, resource: str = "raw-manifest"
+    ) -> None:
+        """The component version with `manifest` as its `resource` (KLM renders
+        `raw-manifest`)."""
         result = subprocess.run(
             [
                 str(self.build.registry),
@@ -132,6 +135,7 @@ class Registry:
                 f"--component={component}",
                 f"--version={version}",
                 f"--manifest={manifest}",
+                f"--resource-name={resource}",
             ],
             capture_output=True,
             text=True,

@@ -6,7 +6,8 @@
 //	    an in-memory registry (go-containerregistry's); prints its host:port as the first line
 //	ocm-registry push --registry HOST:PORT --component NAME --version V --manifest FILE
 //	    the component version NAME:V with FILE as its raw-manifest resource, at
-//	    HOST:PORT/component-descriptors/NAME:V
+//	    HOST:PORT/component-descriptors/NAME:V (--resource-name: another name for it, a layout
+//	    KLM must refuse)
 //
 // It is built inside lifecycle-manager's module (devenv/klm/build.sh), so the registry and
 // client are the go-containerregistry release lifecycle-manager pins.
@@ -128,6 +129,8 @@ func push(args []string) error {
 	version := flags.String("version", "", "the component version (module-config.yaml version)")
 	manifestPath := flags.String("manifest", "", "the raw manifest, one multi-document YAML")
 	provider := flags.String("provider", "kyma-project.io", "the component's provider")
+	// KLM renders the resource of this name; another name is a component it cannot install.
+	resourceName := flags.String("resource-name", rawManifestName, "the manifest's resource name")
 	_ = flags.Parse(args)
 	if *host == "" || *componentName == "" || *version == "" || *manifestPath == "" {
 		return errors.New("push needs --registry, --component, --version and --manifest")
@@ -157,7 +160,7 @@ func push(args []string) error {
 		Sources:             []any{},
 		ComponentReferences: []any{},
 		Resources: []resource{{
-			Name:     rawManifestName,
+			Name:     *resourceName,
 			Version:  *version,
 			Type:     "directoryTree",
 			Relation: "local",

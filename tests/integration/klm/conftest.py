@@ -60,16 +60,27 @@ class Kcp:
     def release_meta(self) -> dict[str, Any]:
         return klm_yaml(self.module_files / "module-release-meta.yaml")
 
-    def publish(self) -> None:
+    def publish(
+        self,
+        *,
+        template: dict[str, Any] | None = None,
+        release_meta: dict[str, Any] | None = None,
+        version: str = CONFIG.version,
+        resource: str = "raw-manifest",
+    ) -> None:
         """The module as the landscape's pipeline publishes it: the OCM component from
         module-config.yaml's name and version (what modulectl reads) with the raw manifest,
-        then `make module`'s ModuleTemplate and ModuleReleaseMeta, unchanged."""
+        then `make module`'s ModuleTemplate and ModuleReleaseMeta, unchanged. The arguments
+        publish it wrong."""
         self.landscape.registry.push(
             component=CONFIG.name,
-            version=CONFIG.version,
+            version=version,
             manifest=self.module_files / km.MANIFEST_FILE,
+            resource=resource,
         )
-        klm.apply_module(self.cluster, [self.template(), self.release_meta()])
+        klm.apply_module(
+            self.cluster, [template or self.template(), release_meta or self.release_meta()]
+        )
 
 
 def klm_yaml(path: Path) -> dict[str, Any]:

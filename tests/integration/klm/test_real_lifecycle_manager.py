@@ -10,8 +10,7 @@ requeues every 2 s here, and a first install took ~14 s on an idle machine.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -33,7 +32,7 @@ def skr_kyma(rt: Runtime) -> dict[str, Any] | None:
     return runtime_object(rt, "kymas", "default")
 
 
-async def enable_module(rt: Runtime) -> None:
+async def enable_module(rt: Runtime, module: str = MODULE) -> None:
     """What the customer does: the module in the runtime's own Kyma, which KLM created."""
     await eventually(lambda: skr_kyma(rt), what="KLM creating kyma-system/default", within=INSTALL)
     rt.cluster.custom.patch_namespaced_custom_object(
@@ -41,7 +40,7 @@ async def enable_module(rt: Runtime) -> None:
         klm.KYMA_NAMESPACE,
         "kymas",
         "default",
-        {"spec": {"modules": [{"name": MODULE}]}},
+        {"spec": {"modules": [{"name": module}]}},
     )
 
 
@@ -290,43 +289,83 @@ async def test_kyma_deleted_klm_removes_the_module_then_the_runtimes_kyma_and_th
 # -- a module published wrong does not install -------------------------------------------------
 
 
-@contextmanager
-def published_as(
-    kcp: Kcp, *, template: dict[str, Any], release_meta: dict[str, Any]
-) -> Iterator[None]:
-    klm.apply_module(kcp.cluster, [template, release_meta])
-    try:
-        yield
-    finally:
-        klm.apply_module(kcp.cluster, [kcp.template(), kcp.release_meta()])
+@dataclass(frozen=True)
+class Mistake:
+    """One way to publish the module wrong, and the part of KLM's message that names it."""
+
+    says: str
+    ocm_component_name: str = CONFIG.name
+    template_version: str = CONFIG.version
+    pushed_version: str = CONFIG.version
+    resource: str = "raw-manifest"
 
 
-def _wrong_name(template: dict[str, Any], release_meta: dict[str, Any]) -> str:
-    release_meta["spec"]["ocmComponentName"] = f"{CONFIG.name}-typo"
-    return f"component-descriptors/{CONFIG.name}-typo:{CONFIG.version}"
+# Each key becomes part of a module name, which KLM's CRD allows only as words of 3+ letters.
+MISTAKES = {
+    "name": Mistake(
+        ocm_component_name=f"{CONFIG.name}-typo",
+        says=f"component-descriptors/{CONFIG.name}-typo:{CONFIG.version}",
+    ),
+    "version": Mistake(
+        template_version="0.0.1-not-pushed",
+        says=f"component-descriptors/{CONFIG.name}:0.0.1-not-pushed",
+    ),
+    # The manifest under the ModuleTemplate's resource name instead of OCM's `raw-manifest`:
+    # not even a valid OCM resource name.
+    "layout": Mistake(
+        template_version=f"{CONFIG.version}-layout",
+        pushed_version=f"{CONFIG.version}-layout",
+        resource="rawManifest",
+        says="component.resources.0.name: Does not match pattern",
+    ),
+    # A valid component without a `raw-manifest`: KLM has nothing to install (the Kyma's last
+    # operation says so; the module gets no status).
+    "unrenderable": Mistake(
+        template_version=f"{CONFIG.version}-no-raw",
+        pushed_version=f"{CONFIG.version}-no-raw",
+        resource="manifest",
+        says="spec.install.source in body must be of type object",
+    ),
+}
 
 
-def _wrong_version(template: dict[str, Any], release_meta: dict[str, Any]) -> str:
-    template["spec"]["version"] = "0.0.1-not-pushed"
-    return f"component-descriptors/{CONFIG.name}:0.0.1-not-pushed"
-
-
-@pytest.mark.parametrize("mistake", [_wrong_name, _wrong_version], ids=["name", "version"])
-async def test_a_component_klm_cannot_find_fails_the_module(
-    kcp: Kcp, runtime: Runtime, mistake: Callable[[dict[str, Any], dict[str, Any]], str]
+@pytest.mark.parametrize("case", MISTAKES.keys())
+async def test_a_module_published_wrong_is_an_error_and_installs_nothing(
+    kcp: Kcp, runtime: Runtime, case: str
 ) -> None:
+    """Published as a module of its own name, so KLM has nothing of the good one cached. The
+    component is pushed as always (module-config.yaml's name and version) unless the mistake is
+    in the push."""
+    mistake, name = MISTAKES[case], f"{MODULE}-{case}"
     template, release_meta = copy.deepcopy(kcp.template()), copy.deepcopy(kcp.release_meta())
-    looked_up = mistake(template, release_meta)
-    with published_as(kcp, template=template, release_meta=release_meta):
-        await enable_module(runtime)
-        await eventually(
-            lambda: runtime.module_state() == "Error",
-            what="the module in Error",
-            within=INSTALL,
-            interval=0.5,
-        )
-        status = klm.module_status(runtime.kcp_kyma(), MODULE) or {}
-        # KLM looked where the published objects say, found nothing, installed nothing.
-        assert looked_up in status.get("message", "")
-        assert runtime.kyma_state() == "Error"
-        assert deployment(runtime, CONFIG.manager.name) is None
+    template["metadata"]["name"] = f"{name}-{mistake.template_version}"
+    template["metadata"]["labels"]["operator.kyma-project.io/module-name"] = name
+    template["spec"]["moduleName"] = name
+    template["spec"]["version"] = mistake.template_version
+    release_meta["metadata"]["name"] = release_meta["spec"]["moduleName"] = name
+    release_meta["spec"]["ocmComponentName"] = mistake.ocm_component_name
+    for channel in release_meta["spec"]["channels"]:
+        channel["version"] = mistake.template_version
+    kcp.publish(
+        template=template,
+        release_meta=release_meta,
+        version=mistake.pushed_version,
+        resource=mistake.resource,
+    )
+    await enable_module(runtime, name)
+
+    def message() -> str:
+        kyma = runtime.kcp_kyma() or {}
+        operation = ((kyma.get("status") or {}).get("lastOperation") or {}).get("operation", "")
+        module = klm.module_status(kyma, name) or {}
+        return f"{module.get('message', '')} {operation}"
+
+    await eventually(
+        lambda: mistake.says in message(),
+        what=f"KLM's message naming the mistake ({mistake.says})",
+        within=INSTALL,
+        interval=0.5,
+    )
+    assert (klm.module_status(runtime.kcp_kyma(), name) or {}).get("state", "Error") == "Error"
+    assert runtime.kyma_state() == "Error"
+    assert deployment(runtime, CONFIG.manager.name) is None
