@@ -66,8 +66,7 @@ class CompassUnavailable(TemporaryError):
 
 class CompassDown(CompassUnavailable):
     """Director is not served to this request now, and Retry-After is this runtime's
-    reservation: after the next probe while the breaker is open, or where its calls would have
-    been served when it was sent out of the queue (`overload/director_limiter._shed`)."""
+    reservation after the next probe while the breaker is open."""
 
     spread = False
 

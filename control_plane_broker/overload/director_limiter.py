@@ -341,10 +341,12 @@ class DirectorLimiter:
         of no request (nobody to tell a time); follow-ups (the token after a registration goes
         first, and is held to its deadline when it has its slot).
 
-        The answer is the slot timeout's, 503 `compass-unavailable` (counted with them), with
-        the reservation in Retry-After and no jitter (`CompassDown`): a registration refused
-        so is known not to have left (`classification.may_have_written`), and the agent's
-        next request registers without a look-up."""
+        The answer is a deferral's, 503 `capacity-booked` with the reservation in Retry-After
+        and no jitter (`CapacityReserved`; counted with the slot timeouts): Compass is not
+        failing, so neither the mapping's status nor an Event says it is (each cost a KCP
+        write per request sent away in a cold start), and the breaker hears nothing. A
+        registration refused so is known not to have left (`classification.may_have_written`),
+        and the agent's next request registers without a look-up."""
         now = self._clock()
         price = self.schedule.latency
         per_slot = price / max(self._slots.capacity, 1)
@@ -397,7 +399,7 @@ class DirectorLimiter:
             self._slot_timeouts += 1
             self._slots.refuse(
                 waiter,
-                CompassDown(
+                CapacityReserved(
                     "Director's slots cannot serve this call in time: come back at its reservation",
                     retry_after=self._reservation_wait(wait),
                 ),
