@@ -168,16 +168,8 @@ class TokenIssuer:
                 registered = await self._register_lost(kyma, known)
                 ott = await self._token(registered, follow_up=True, caller=caller_present)
         except (CompassUnavailable, CompassRejected) as exc:
-            await self._later(
-                functools.partial(
-                    self._status.failed,
-                    kyma=kyma,
-                    condition="TokenIssued",
-                    event_reason="TokenRequestFailed",
-                    exc=exc,
-                    director_labels=registered.labels,
-                ),
-                kyma=kyma,
+            await self._failed_later(
+                kyma, "TokenIssued", "TokenRequestFailed", exc, director_labels=registered.labels
             )
             raise
         # Only issued tokens count: attempts that fail (Compass down) must not lock a runtime out.
@@ -204,6 +196,27 @@ class TokenIssuer:
             log.error(
                 "mapping status not written: too many writes waiting", extra={"kyma": kyma.name}
             )
+
+    async def _failed_later(
+        self,
+        kyma: KymaView,
+        condition: str,
+        event_reason: str,
+        exc: BaseException,
+        *,
+        director_labels: dict[str, str] | None = None,
+    ) -> None:
+        await self._later(
+            functools.partial(
+                self._status.failed,
+                kyma=kyma,
+                condition=condition,
+                event_reason=event_reason,
+                exc=exc,
+                director_labels=director_labels,
+            ),
+            kyma=kyma,
+        )
 
     async def _record_issued(self, kyma: KymaView, registered: Registered) -> None:
         # Best effort, and after the answer nobody could be told of a failure: logged by type.
@@ -238,16 +251,7 @@ class TokenIssuer:
         try:
             return await self._registration.ensure_registered(kyma, fresh=fresh)
         except (CompassUnavailable, CompassRejected) as exc:
-            await self._later(
-                functools.partial(
-                    self._status.failed,
-                    kyma=kyma,
-                    condition="Registered",
-                    event_reason="RegistrationFailed",
-                    exc=exc,
-                ),
-                kyma=kyma,
-            )
+            await self._failed_later(kyma, "Registered", "RegistrationFailed", exc)
             raise
         except CompassTenantUnknown as exc:
             await self._status.failed(
