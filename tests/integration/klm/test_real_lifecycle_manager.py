@@ -2,9 +2,9 @@
 
 KLM reads the module from the registry by ModuleReleaseMeta `ocmComponentName` and
 ModuleTemplate `version`, renders the raw manifest into the runtime, and shows the agent's
-Deployment status as the module state. The Deployment status is the one stand-in here: written
-from the agent's own `/readyz` (devenv.klm.RolloutStandIn, docs/module.md). Timings: KLM
-requeues every 2 s here, and a first install took ~14 s on an idle machine.
+Deployment status as the module state. With no kubelet, that status is written from the agent's
+own `/readyz` (devenv.klm.RolloutStandIn; the other stand-ins are listed in docs/module.md).
+Timings: KLM requeues every 2 s here; a first install is Ready 6-10 s after the module is enabled.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from tests.integration.klm.conftest import CONFIG, MODULE, Kcp, Runtime
 from tests.integration.waiting import eventually
 
 INSTALL = 90.0  # KLM's first reconcile of a new runtime on a loaded 2-core machine
-SECRET = "compass-agent-configuration"
 
 
 def skr_kyma(rt: Runtime) -> dict[str, Any] | None:
