@@ -3,9 +3,6 @@ no traceback, in both components; hostile values stay on their line."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,23 +16,9 @@ from control_plane_broker.settings import (
     serving_problems,
 )
 from observability.config_errors import problem_lines
+from tests.unit.entrypoints import run
 
-ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = "x\n\x1b[31mred\r\u202eevil" + "y" * 300
-
-
-def run(module: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("BROKER_", "AGENT_"))}
-    clean.pop("KUBECONFIG", None)
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-    )
 
 
 def broker_errors(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> list[str]:

@@ -11,8 +11,6 @@ import math
 import os
 import re
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_args
@@ -27,6 +25,7 @@ import control_plane_broker.__main__ as broker_main
 from agent.settings import AgentSettings
 from control_plane_broker.settings import Settings
 from tests.conftest import REPO_ROOT
+from tests.unit.entrypoints import run
 
 COMPONENTS: dict[str, tuple[type[BaseSettings], Any, str]] = {
     "broker": (Settings, broker_main, "BROKER_"),
@@ -170,20 +169,6 @@ def kubeconfig(tmp_path: Path) -> Path:
         "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
     )
     return path
-
-
-def run(module: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("BROKER_", "AGENT_"))}
-    clean.pop("KUBECONFIG", None)
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=REPO_ROOT,
-    )
 
 
 ISSUE_37 = [
