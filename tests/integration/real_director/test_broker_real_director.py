@@ -129,13 +129,6 @@ def token(broker: Broker, runtime: Runtime) -> httpx.Response:
     return broker.request_token(runtime.runtime_id, runtime.token())
 
 
-def gauge(broker: Broker, name: str) -> float | None:
-    for line in broker.metrics().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
-
-
 def test_cold_start_of_20_runtimes_registers_each_exactly_once(
     real_brokers: BrokerFactory,
     real_compass: RealCompass,
@@ -363,7 +356,7 @@ def test_one_runtimes_failing_label_sync_never_shuts_compass_out_for_the_others(
     assert events(broken, "CompassRuntimeLost")
     for _ in range(3):
         assert token(broker, healthy).status_code == 201
-    assert gauge(broker, "broker_circuit_breaker_open") == 0
+    assert broker.gauge("broker_circuit_breaker_open") == 0
     # The forgotten runtime is registered again on its next request, with its new label.
     answer = token(broker, broken)
     assert answer.status_code == 201, answer.text
