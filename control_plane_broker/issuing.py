@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 
 # Takes a write to run later (`DeferredWrites.defer`); False when it could not take it.
-AfterAnswer = Callable[[Callable[[], Awaitable[None]]], bool]
+AfterAnswer = Callable[[Callable[[], Awaitable[object]]], bool]
 
 
 class KymaReader(Protocol):
@@ -188,11 +188,7 @@ class TokenIssuer:
         if self._after_answer is None:
             await write()
             return
-
-        async def run() -> None:
-            await write()
-
-        if not self._after_answer(run):
+        if not self._after_answer(write):
             log.error(
                 "mapping status not written: too many writes waiting", extra={"kyma": kyma.name}
             )

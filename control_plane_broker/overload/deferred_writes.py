@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-Work = Callable[[], Awaitable[None]]
+Work = Callable[[], Awaitable[object]]  # what it returns is not read
 
 MAX_DELAY_SECONDS = 30.0  # a write is due this long after it was asked for, busy or not
 MAX_PENDING = 20_000  # a cold start of this many runtimes fits; each entry is a closure

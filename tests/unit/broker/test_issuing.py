@@ -505,10 +505,10 @@ class Later:
     queue of deferred writes."""
 
     def __init__(self, *, full: bool = False) -> None:
-        self.writes: list[Callable[[], Awaitable[None]]] = []
+        self.writes: list[Callable[[], Awaitable[object]]] = []
         self.full = full
 
-    def take(self, write: Callable[[], Awaitable[None]]) -> bool:
+    def take(self, write: Callable[[], Awaitable[object]]) -> bool:
         if self.full:
             return False
         self.writes.append(write)
