@@ -110,7 +110,8 @@ def _spawn(argv: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
     return proc
 
 
-def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `timeout`: how every process devenv starts is stopped."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -124,7 +125,7 @@ def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 @atexit.register
 def _kill_leftovers() -> None:
     for proc in list(_live_processes):
-        _terminate(proc, timeout=3.0)
+        terminate(proc, timeout=3.0)
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:
@@ -179,7 +180,7 @@ class TestCluster:
             self._api_client = None
         # The API server first, so it does not log etcd connection errors on the way down.
         for proc in reversed(self._processes):
-            _terminate(proc)
+            terminate(proc)
         self._processes.clear()
 
     # -- helpers tests use often -------------------------------------------------

@@ -182,10 +182,10 @@ class NodeCluster:
             for name in ("kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager"):
                 proc = self._processes.pop(name, None)
                 if proc is not None:
-                    clusters._terminate(proc)
+                    clusters.terminate(proc)
             proc = self._processes.pop("containerd", None)
             if proc is not None:
-                clusters._terminate(proc)
+                clusters.terminate(proc)
             self.cluster.stop()
             if self._before is not None:
                 before, self._before = self._before, None
@@ -221,7 +221,7 @@ def _drain_pods(node: NodeCluster, timeout: float = 40.0) -> list[str]:
     # Controllers would make new pods: stop them first (the ReplicaSets stay, nothing acts on them).
     proc = node._processes.pop("kube-controller-manager", None)
     if proc is not None:
-        clusters._terminate(proc)
+        clusters.terminate(proc)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -62,7 +62,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devenv import pki
-from devenv.clusters import TestCluster
+from devenv.clusters import TestCluster, terminate
 
 log = logging.getLogger(__name__)
 
@@ -453,14 +453,8 @@ class _Process:
 
     def stop(self, timeout: float = 15.0) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout)
+        if proc is not None:
+            terminate(proc, timeout=timeout)
 
 
 def _start(

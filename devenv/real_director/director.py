@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -27,7 +26,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from devenv import pki
-from devenv.clusters import TestCluster, free_port
+from devenv.clusters import TestCluster, free_port, terminate
 
 _READY_TIMEOUT = 120.0
 PAIRING_CM_NAME = "pairing-adapter-config"
@@ -248,14 +247,8 @@ class DirectorProcess:
 
     def stop(self, timeout: float = 15.0) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout)
+        if proc is not None:
+            terminate(proc, timeout=timeout)
 
 
 def start_director(cfg: DirectorConfig, cluster: TestCluster, workdir: Path) -> DirectorProcess:
