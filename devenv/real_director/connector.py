@@ -37,11 +37,9 @@ import logging
 import os
 import re
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -64,10 +62,11 @@ from kubernetes.client.exceptions import ApiException
 from devenv import pki
 from devenv.clusters import TestCluster, terminate
 
+from . import build_scripts
+
 log = logging.getLogger(__name__)
 
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build-connector.sh"
-EXIT_NO_SOURCE = 3
 OATHKEEPER_VERSION = "v0.40.6"  # build-connector.sh pins the same
 
 # The subject Connector puts before CN=<SystemAuth ID>, and the hydrator requires of a
@@ -145,48 +144,19 @@ def why_not_here() -> str | None:
 def find_connector() -> tuple[Path | None, str]:
     """(the folder with connector, hydrator and oathkeeper when built, or where the sources
     would come from; "") or (None, why not), building nothing."""
-    result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--find-source"], capture_output=True, text=True, check=False
-    )
-    if result.returncode == 0 and result.stdout.strip():
-        return Path(result.stdout.strip()), ""
-    last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
-    return None, re.sub(r"^real-(director|connector): ", "", last) or (
-        f"{BUILD_SCRIPT} --find-source failed ({result.returncode})"
-    )
+    return build_scripts.find_source(BUILD_SCRIPT)
 
 
 def build_connector() -> Path:
     """The folder holding `connector`, `hydrator` and `oathkeeper-<version>/oathkeeper`, built
     once (progress to our stderr). Raises ConnectorUnavailable(source_missing=True) when a
     source cannot be had."""
-    with subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    ) as proc:
-        assert proc.stderr is not None
-        assert proc.stdout is not None
-        last = ""
-        try:
-            for line in proc.stderr:
-                sys.stderr.write(line)
-                if line.strip():
-                    last = line.strip()
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            raise
-        out = proc.stdout.read().strip()
-        code = proc.wait()
-    reason = re.sub(r"^real-(director|connector): ", "", last)
-    if code == EXIT_NO_SOURCE:
-        raise ConnectorUnavailable(reason, source_missing=True)
-    if code != 0 or not out:
-        raise ConnectorUnavailable(f"{BUILD_SCRIPT} failed (exit {code}): {reason}")
-    return Path(out)
+    built = build_scripts.build(BUILD_SCRIPT)
+    if built.code == build_scripts.EXIT_NO_SOURCE:
+        raise ConnectorUnavailable(built.reason, source_missing=True)
+    if built.code != 0 or not built.folder:
+        raise ConnectorUnavailable(f"{BUILD_SCRIPT} failed (exit {built.code}): {built.reason}")
+    return Path(built.folder)
 
 
 # -- Director's configuration file ---------------------------------------------------------

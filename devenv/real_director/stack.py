@@ -15,11 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -33,7 +29,7 @@ import yaml
 
 from devenv.clusters import Binaries, TestCluster, find_binaries, start_cluster
 
-from . import affinity, postgres
+from . import affinity, build_scripts, postgres
 from . import connector as real_connector_module
 from .connector import ConnectorUnavailable, RealConnector, ReservedPorts
 from .db_faults import SessionCutter
@@ -51,7 +47,6 @@ from .gateway import (
 )
 
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build.sh"
-EXIT_NO_SOURCE = 3  # build.sh's "the source cannot be found", distinct from a failed build
 PROVIDER = "kyma-compass-pull devenv"
 
 _running: weakref.WeakSet[RealCompass] = weakref.WeakSet()
@@ -67,15 +62,7 @@ class CompassSourceMissing(RealCompassError):
 
 def find_compass_source() -> tuple[Path | None, str]:
     """(where the source or the finished build is, "") or (None, why not), building nothing."""
-    result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--find-source"], capture_output=True, text=True, check=False
-    )
-    if result.returncode == 0 and result.stdout.strip():
-        return Path(result.stdout.strip()), ""
-    reason = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
-    return None, reason.removeprefix(
-        "real-director: "
-    ) or f"{BUILD_SCRIPT} --find-source failed ({result.returncode})"
+    return build_scripts.find_source(BUILD_SCRIPT)
 
 
 def build_director() -> Path:
@@ -83,32 +70,12 @@ def build_director() -> Path:
 
     Progress goes to our stderr as it happens (the first build takes minutes).
     """
-    with subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group: interrupted, `go build` goes too
-    ) as proc:
-        assert proc.stderr is not None
-        assert proc.stdout is not None
-        last = ""
-        try:
-            for line in proc.stderr:
-                sys.stderr.write(line)
-                if line.strip():
-                    last = line.strip()
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            raise
-        out = proc.stdout.read().strip()
-        code = proc.wait()
-    if code == EXIT_NO_SOURCE:
-        raise CompassSourceMissing(last.removeprefix("real-director: "))
-    if code != 0 or not out:
-        raise RealCompassError(f"{BUILD_SCRIPT} failed (exit {code}): {last}")
-    return Path(out)
+    built = build_scripts.build(BUILD_SCRIPT)
+    if built.code == build_scripts.EXIT_NO_SOURCE:
+        raise CompassSourceMissing(built.reason)
+    if built.code != 0 or not built.folder:
+        raise RealCompassError(f"{BUILD_SCRIPT} failed (exit {built.code}): {built.reason}")
+    return Path(built.folder)
 
 
 class RealCompass:
