@@ -9,6 +9,7 @@ themselves with `namespace_factory` instead of restarting clusters.
 from __future__ import annotations
 
 import re
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,18 @@ from devenv.clusters import Binaries, TestCluster, find_binaries, kyma_crds, sta
 
 CLUSTER_NAMES = ("control-plane", "runtime-a", "runtime-b")
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped with SIGTERM (a CI timeout, `kill`) would otherwise end without tearing
+    # down a fixture or running an atexit hook, leaving API servers, etcd, nodes and real
+    # Directors running. As a KeyboardInterrupt it stops the way Ctrl-C does: every
+    # fixture's teardown runs, then devenv's atexit hooks.
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 @pytest.fixture(scope="session")
