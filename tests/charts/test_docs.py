@@ -1,5 +1,6 @@
 """Docs and module metadata that point at things: the module's icon is a file of this repository
-(an SVG), and the README counts the commands it lists."""
+(an SVG), the README counts the commands it lists, and docs/architecture.md stays one screenful
+a maintainer reads whole."""
 
 from __future__ import annotations
 
@@ -32,3 +33,10 @@ def test_the_readme_counts_the_commands_it_lists() -> None:
     assert match, "README has no '## The <n> commands' section"
     listed = [line for line in match.group(2).splitlines() if line.startswith("make ")]
     assert NUMBERS[match.group(1)] == len(listed), (match.group(1), listed)
+
+
+def test_the_architecture_page_fits_its_budget() -> None:
+    """Issue 38: the page a new maintainer reads first stays within 150 lines; details go to
+    the page of their part, linked from it."""
+    lines = (REPO_ROOT / "docs" / "architecture.md").read_text().splitlines()
+    assert len(lines) <= 150, f"docs/architecture.md has {len(lines)} lines, the budget is 150"
