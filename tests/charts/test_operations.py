@@ -5,8 +5,8 @@ must not get) with the chart installed as the README installs it. Then every she
 procedures runs as written, with the toolchain's kubectl and helm: upgrade and roll back the
 release, then, with the real broker acting as the chart's ServiceAccount against the Compass
 simulator, revoke and lift a runtime, approve a BYOC cluster's issuer, unregister a runtime and
-rotate the Director credentials, each checked by what the broker then does. The README's own
-read-only `kubectl` commands run there too.
+rotate the Director credentials, each checked by what the broker then does. The read-only
+`kubectl` commands of its troubleshooting section run there too.
 """
 
 from __future__ import annotations
@@ -30,9 +30,20 @@ DOC = REPO_ROOT / "docs" / "operations.md"
 NS = "kcp-system"
 REASON = "leaked credentials"
 DIRECTOR_URL = "https://compass-gateway.example.test/director/graphql"
-README_COMMAND = re.compile(
+READ_ONLY_COMMAND = re.compile(
     r"`(kubectl -n kcp-system [^`]*|kubectl get compassmanagermappings -n kcp-system)`"
 )
+TROUBLESHOOTING = "## When something looks wrong\n"
+
+
+def troubleshooting_commands() -> list[str]:
+    """The `kubectl` commands of operations.md's troubleshooting section, each once."""
+    text = DOC.read_text()
+    assert TROUBLESHOOTING in text, "operations.md has no troubleshooting section"
+    section = text.split(TROUBLESHOOTING, 1)[1].split("\n## ", 1)[0]
+    commands = list(dict.fromkeys(READ_ONLY_COMMAND.findall(section)))
+    assert commands, "the troubleshooting section names no kubectl command"
+    return commands
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +141,8 @@ def test_every_procedure_runs_as_written(
         )
         assert re.search(r"\sRevoked\s+False\s+leaked credentials\s", row), row
 
-        # The README's read-only commands, on a revoked runtime.
-        for command in dict.fromkeys(README_COMMAND.findall((REPO_ROOT / "README.md").read_text())):
+        # The troubleshooting section's read-only commands, on a revoked runtime.
+        for command in troubleshooting_commands():
             if " annotate " in command:
                 continue
             ok(binaries, landscape, command.replace("<kyma-name>", rt.kyma_name))
