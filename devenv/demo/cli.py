@@ -24,6 +24,7 @@ from types import FrameType
 
 from devenv import runtime_agent
 from devenv.demo import agent_pod
+from devenv.demo import klm as real_klm
 from devenv.demo.console import StepFailed, Story
 from devenv.demo.processes import log_tail
 from devenv.demo.story import Demo, Options
@@ -51,7 +52,11 @@ stays the default: no build, and the faults and scale
 the real one cannot give (docs/compass-simulator.md). --agent-pod gives runtime A a real node
 (devenv/node: kubelet, containerd, runc, controller manager, scheduler, kube-proxy) where its
 agent runs as a pod from the module's manifest and make image's image, with its kubelet-projected
-token; it combines with the others.
+token; it combines with the others but --klm.
+--klm lets the real lifecycle-manager (built once by `make klm`, docs/module.md) install the
+agent's module in runtime A from make module's output in a local OCI registry, instead of the
+demo's imitation. --all-real is the whole real path in one option: --real-director
+--real-connector --real-runtime-agent --klm (what is still a stand-in: docs/real-compass.md).
 
 Logs of every process go to <work folder>/logs; the list of processes (pid, command) to
 <work folder>/processes.json. Keys, tokens and cluster data are removed when the demo stops.
@@ -108,6 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(docs/real-node.md)",
     )
     parser.add_argument(
+        "--klm",
+        action="store_true",
+        help="the real lifecycle-manager installs the agent module in runtime A, from make "
+        "module's output in a local OCI registry, instead of the imitation (built by make klm)",
+    )
+    parser.add_argument(
+        "--all-real",
+        action="store_true",
+        help="the whole real path: --real-director --real-connector --real-runtime-agent --klm",
+    )
+    parser.add_argument(
         "--timeout-scale",
         type=float,
         default=1.0,
@@ -148,6 +164,8 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, Path | None]:
     With --agent-pod, `args.agent_image` becomes the image's archive (built, or found cached)."""
     if args.timeout_scale <= 0:
         return "--timeout-scale must be positive", None
+    if args.all_real:
+        args.real_director = args.real_connector = args.real_runtime_agent = args.klm = True
     why = None
     if args.real_director:
         where, reason = find_compass_source()
@@ -155,6 +173,8 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, Path | None]:
             why = f"--real-director needs the pinned Compass source: {reason}"
     if why is None and args.real_connector:
         why = _real_connector_refusal(args.real_director)
+    if why is None and args.klm:
+        why = real_klm.why_not_here(agent_pod=args.agent_pod)
     args.agent_image = None
     if why is None and args.agent_pod:  # last: it may build the image
         args.agent_image, why = agent_pod.prepare()
@@ -204,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             real_connector=args.real_connector,
             runtime_agent_dir=runtime_agent_dir,
             agent_image=args.agent_image,
+            klm=args.klm,
         ),
         story,
     )

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devenv.clusters import terminate
+
 _STOP_GRACE_SECONDS = 10.0
 
 
@@ -127,6 +129,12 @@ class Processes:
                     f"{child.name} exited with code {code}; last lines of {child.log_path}:\n"
                     f"{log_tail(child.log_path)}"
                 )
+
+    def stop(self, child: Child) -> None:
+        """One child stopped on purpose (as a kubelet stops the pod of a deleted Deployment):
+        no longer watched by `check_alive`, still listed in processes.json."""
+        self._children.remove(child)
+        terminate(child.popen, timeout=_STOP_GRACE_SECONDS)
 
     def stop_all(self) -> None:
         """SIGTERM to every child at once, then each awaited; SIGKILL to a child's process group

@@ -28,6 +28,7 @@ from cryptography.x509.oid import NameOID
 from devenv import clusters, image, kyma_module, runtime_agent
 from devenv.clusters import Binaries, TestCluster
 from devenv.demo import agent_pod, observe, world
+from devenv.demo import klm as real_klm
 from devenv.demo.compass import CompassView, RealDirectorView
 from devenv.demo.console import StepFailed, Story, table
 from devenv.demo.observe import SimAdmin
@@ -105,6 +106,8 @@ class Options:
     runtime_agent_dir: Path | None = None  # its build (devenv.runtime_agent.build())
     # Runtime A on a real node, its agent a pod of this image's archive (devenv/demo/agent_pod.py).
     agent_image: Path | None = None
+    # The real lifecycle-manager installs the module in runtime A (devenv/demo/klm.py).
+    klm: bool = False
 
 
 @dataclass
@@ -180,6 +183,7 @@ class Demo:
         self.sim: CompassView | None = None
         self.sim_urls: dict[str, str] = {}  # director_url, connector_url, token_url, ...
         self.real: RealCompass | None = None  # with --real-director
+        self.klm: real_klm.RealLifecycleManager | None = None  # with --klm
         self.broker: Child | None = None
         self.broker_url = ""
         self.node: NodeCluster | None = None  # runtime A's, with --agent-pod
@@ -202,6 +206,8 @@ class Demo:
             self.processes.check_alive()
         except ChildDied as exc:
             raise StepFailed(str(exc)) from exc
+        if self.klm is not None and not self.klm.running:
+            raise StepFailed("lifecycle-manager exited", logs=[self.klm.log])
 
     @property
     def kcp(self) -> TestCluster:
@@ -231,6 +237,8 @@ class Demo:
         binaries = self.find_binaries()
         self.start_clusters(binaries)
         self.render_module(binaries)
+        if self.options.klm:
+            self.start_lifecycle_manager(binaries)
         self.start_compass()
         self.seed_control_plane()
         self.prepare_runtimes()
@@ -271,6 +279,45 @@ class Demo:
         self.story.done(
             f"one manifest for every cluster, {len(self.manifest)} objects ({', '.join(kinds)}): "
             "no broker URL, no runtime ID in it"
+        )
+
+    def start_lifecycle_manager(self, binaries: Binaries) -> None:
+        self.story.step(
+            f"The real lifecycle-manager (kyma-project/lifecycle-manager {real_klm.COMMIT}) in "
+            "KCP, reading the module from an OCI registry"
+        )
+        self.story.waiting(
+            "devenv/klm/build.sh: the cached build, or a build from the pinned source (the first "
+            "one takes minutes); make module's output; KLM's CRDs, the cert-manager and Istio "
+            "CRDs it caches, the watcher's Gateway and Secrets in KCP"
+        )
+        workdir = self.workdir / "klm"
+        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.klm = real_klm.RealLifecycleManager.start(self.kcp, binaries.helm, workdir)
+        except real_klm.klm.KlmUnavailable as exc:
+            raise StepFailed(f"--klm needs lifecycle-manager's source: {exc}") from exc
+        except (RuntimeError, OSError, kyma_module.ManifestError) as exc:
+            raise StepFailed(
+                f"lifecycle-manager did not start: {str(exc)[:2000]}",
+                logs=[workdir / "lifecycle-manager.log", workdir / "ocm-registry.log"],
+            ) from exc
+        for name, pid in self.klm.pids().items():
+            self.processes.note(name, pid)
+        config = real_klm.CONFIG
+        registry = self.klm.landscape.registry.host
+        self.story.detail(
+            f"registry  {registry}: component-descriptors/{config.name}:{config.version} "
+            "(make module's compass-agent.yaml as its raw-manifest, in modulectl's OCM layout)"
+        )
+        self.story.detail(
+            f"KCP       ModuleTemplate {config.template_name} and ModuleReleaseMeta "
+            f"{config.short_name} from make module, unchanged"
+        )
+        self.story.detail(f"KLM's log {self.klm.log}")
+        self.story.done(
+            "lifecycle-manager runs; KCP_ADDR for the runtimes is the watcher Gateway's host "
+            f"{real_klm.klm.KCP_EVENTS_HOST}:443"
         )
 
     def start_clusters(self, binaries: Binaries) -> None:
@@ -475,7 +522,12 @@ class Demo:
         )
         for key, name in (("A", "runtime-a"), ("B", "runtime-b")):
             spec, cluster = self.specs[key], self.clusters[name]
-            world.seed_control_plane(self.kcp, spec, cluster)
+            if spec.managed and self.klm is not None:
+                self.klm.add_runtime(self.kcp, cluster, spec)
+            else:
+                world.seed_control_plane(self.kcp, spec, cluster)
+                if self.klm is not None:
+                    self.klm.leave_alone(self.kcp, spec)
             self.story.detail(
                 f"{spec.title}: Kyma {world.KCP_NAMESPACE}/{spec.kyma_name}, shoot {spec.shoot}, "
                 f"global account {spec.global_account[:8]}…, plan azure"
@@ -484,26 +536,41 @@ class Demo:
             if spec.managed:
                 secret = f"{world.KCP_NAMESPACE}/kubeconfig-{spec.kyma_name}"
                 self.story.detail(f"{indent}  Secret {secret} (key config)")
+                if self.klm is not None:
+                    self.story.detail(
+                        f"{indent}  for lifecycle-manager: the Kyma beta and with its skr-domain; "
+                        f"Secret istio-system/{spec.kyma_name}-webhook-tls as cert-manager would "
+                        "issue it"
+                    )
             else:
                 self.story.detail(
                     f"{indent}  no kubeconfig Secret: KCP cannot reach this cluster; its "
                     f"ServiceAccount issuer {cluster.issuer} publishes its keys (OIDC discovery)"
                 )
+                if self.klm is not None:
+                    self.story.detail(
+                        f"{indent}  label {real_klm.klm.SKIP_RECONCILIATION_LABEL}=true: "
+                        "lifecycle-manager cannot reach it either"
+                    )
         self.story.done("no module enabled yet: nothing talks to Compass")
 
     def prepare_runtimes(self) -> None:
         self.story.step("Runtimes: the agent arrives as the compass-agent Kyma module")
         for key, name in (("A", "runtime-a"), ("B", "runtime-b")):
             spec, cluster = self.specs[key], self.clusters[name]
-            world.prepare_runtime(cluster, spec)
+            by_klm = spec.managed and self.klm is not None
+            world.prepare_runtime(cluster, spec, real_klm=by_klm)
             runtime = Runtime(spec, cluster, self.secrets_dir / f"sa-token-{name}")
             manifest = self.manifest
             if self._is_pod(runtime):
                 broker_url = f"http://{self.broker_host}:{self.broker_port}"
                 env = {"AGENT_BROKER_URL": broker_url, **AGENT_TIMERS}
                 manifest = agent_pod.pod_manifest(self.manifest, env=env)
-            for line in world.install_agent_module(self.kcp, cluster, spec, manifest):
-                self.story.detail(f"{spec.title}: {line}")
+            if by_klm:
+                self._install_by_klm(runtime)
+            else:
+                for line in world.install_agent_module(self.kcp, cluster, spec, manifest):
+                    self.story.detail(f"{spec.title}: {line}")
             self.runtimes[key] = runtime
             if self._is_pod(runtime):
                 self.story.detail(
@@ -530,6 +597,56 @@ class Demo:
             f"projects them ({processes} as a process, with the module's ServiceAccount and the "
             "Deployment's environment)"
         )
+
+    def _install_by_klm(self, runtime: Runtime) -> None:
+        """The user lists the module in the Kyma KLM made; KLM installs it from the registry."""
+        assert self.klm is not None
+        cluster, title = runtime.cluster, runtime.spec.title
+        logs = [self.klm.log]
+        self.story.wait_for(
+            f"lifecycle-manager creates Kyma {world.RUNTIME_NAMESPACE}/default in {title}",
+            lambda: world.runtime_kyma(cluster),
+            timeout=self._timeout(90),
+            guard=self._guard,
+            logs=logs,
+        )
+        world.add_module(cluster.custom, world.RUNTIME_NAMESPACE, "default", world.AGENT_MODULE)
+        self.story.detail(
+            f"{title}: {world.AGENT_MODULE} added to spec.modules of Kyma "
+            f"{world.RUNTIME_NAMESPACE}/default (lifecycle-manager created it, with the runtime "
+            "ID label)"
+        )
+        deployment = self.story.wait_for(
+            "lifecycle-manager reads the module's OCM component from the registry",
+            lambda: real_klm.installed(cluster),
+            timeout=self._timeout(90),
+            guard=self._guard,
+            logs=logs,
+        )
+        component, owner, managers = real_klm.marks(deployment)
+        self.story.detail(
+            f"{title}: lifecycle-manager applies the release manifest (field manager "
+            f"{managers}): Deployment {world.RUNTIME_NAMESPACE}/"
+            f"{real_klm.CONFIG.manager.name} with {kyma_module.COMPONENT_LABEL}={component}, "
+            f"{kyma_module.OWNED_BY_ANNOTATION}={owner}"
+        )
+        address = self.story.wait_for(
+            "and its skr-webhook Deployment with KCP_ADDR",
+            lambda: real_klm.kcp_address(cluster),
+            timeout=self._timeout(30),
+            guard=self._guard,
+            logs=logs,
+        )
+        self.story.detail(
+            f"{title}: skr-webhook KCP_ADDR={address}: a landscape's agent makes its broker URL "
+            "of it (https only); the demo's broker is plain http on this host, so AGENT_BROKER_URL "
+            "names it"
+        )
+        self.story.detail(
+            f"{title}: no kubelet: the Deployment's status is written from agent A's /readyz, "
+            "and lifecycle-manager reads it as the module state"
+        )
+        self.klm.watch_rollout(cluster, functools.partial(_agent_ready, runtime))
 
     def start_broker(self) -> None:
         self.story.step("Broker in the control plane (python -m control_plane_broker)")
@@ -641,6 +758,20 @@ class Demo:
                     f"           only one real agent per machine (its metrics server binds "
                     f":{runtime_agent.METRICS_PORT}): the other runtime keeps the simulated one"
                 )
+        if self.klm is not None:
+            spec = self.specs["A"]
+            module, kyma = self.story.wait_for(
+                f"KCP: the Kyma of {spec.title} says module {real_klm.MODULE} Ready (from agent "
+                "A's readiness) and Kyma Ready",
+                functools.partial(real_klm.ready, self.kcp, spec),
+                timeout=self._timeout(90),
+                guard=self._guard,
+                logs=[self.klm.log],
+            )
+            self.story.detail(
+                f"Kyma {world.KCP_NAMESPACE}/{spec.kyma_name}: module {real_klm.MODULE} {module}, "
+                f"Kyma {kyma} (lifecycle-manager's status)"
+            )
         self.story.done("agents ready and idle: the module is not enabled anywhere yet")
 
     def _start_agent(self, runtime: Runtime) -> None:
@@ -724,8 +855,37 @@ class Demo:
     def enable_module_in_a(self) -> None:
         runtime = self.runtimes["A"]
         self.story.step(f"The application-connector module is enabled in {runtime.spec.title}")
-        self.story.detail(world.enable_module(self.kcp, runtime.cluster, runtime.spec))
+        self.story.detail(
+            world.enable_module(
+                self.kcp, runtime.cluster, runtime.spec, real_klm=self.klm is not None
+            )
+        )
+        if self.klm is not None:
+            state = self.story.wait_for(
+                "lifecycle-manager lists it in the KCP Kyma's status.modules (the broker reads "
+                "it there)",
+                lambda: real_klm.module_state(self.kcp, runtime.spec, world.MODULE),
+                timeout=self._timeout(30),
+                guard=self._guard,
+                logs=[self.klm.log],
+            )
+            self.story.detail(
+                f"KCP Kyma status.modules: {world.MODULE} {state} (this KCP's catalog has no "
+                "ModuleTemplate for it: only the agent's module is published here)"
+            )
         self._wait_for_secret(runtime, timeout=self._timeout(30))
+        if self.klm is not None:
+            outcomes = observe.samples_by_label(
+                observe.scrape(f"{self.broker_url}/metrics"),
+                "broker_token_requests_total",
+                "outcome",
+            )
+            early = int(outcomes.get("module-not-enabled", 0))
+            if early:
+                self.story.detail(
+                    f"agent A asked at once; the broker answered {early}x 409 module-not-enabled "
+                    "until lifecycle-manager listed the module in KCP, and agent A asked again"
+                )
         registered = self.compass.runtimes(runtime.spec.global_account)
         self.story.done(
             f"token pulled and secret written; Compass has {len(registered)} runtime for this "
@@ -962,6 +1122,8 @@ class Demo:
         self.story.step(f"Kyma of {spec.title} is deleted in KCP")
         world.delete_kyma(self.kcp, spec)
         self.story.detail(f"Kyma {world.KCP_NAMESPACE}/{spec.kyma_name} deleted")
+        if self.klm is not None:
+            self._uninstall_by_klm(runtime)
         self.story.wait_for(
             f"the broker's reconciler unregisters {runtime.compass_runtime_id} from Director",
             lambda: not self.compass.runtimes(spec.global_account),
@@ -983,6 +1145,35 @@ class Demo:
         self.story.done(
             f"runtime A is no longer in Compass and its mapping is gone "
             f"(broker unregistrations: {counted or 'none'})"
+        )
+
+    def _uninstall_by_klm(self, runtime: Runtime) -> None:
+        """KLM's order: the module's objects first, then the runtime's Kyma, then its finalizer
+        on the KCP Kyma goes. A kubelet would stop the pod of the deleted Deployment: the demo
+        stops agent A's process then."""
+        assert self.klm is not None
+        cluster = runtime.cluster
+        self.story.wait_for(
+            f"lifecycle-manager removes the module from {runtime.spec.title}: Deployment "
+            f"{world.RUNTIME_NAMESPACE}/{real_klm.CONFIG.manager.name} deleted",
+            lambda: real_klm.installed(cluster) is None,
+            timeout=self._timeout(60),
+            guard=self._guard,
+            logs=[self.klm.log],
+        )
+        if runtime.agent is not None:
+            self.processes.stop(runtime.agent)
+            self.story.detail("agent A stopped, as a kubelet stops the pod of a deleted Deployment")
+        self.story.wait_for(
+            f"then Kyma {world.RUNTIME_NAMESPACE}/default in the runtime, and its KCP Kyma lets go "
+            "(lifecycle-manager's finalizer)",
+            lambda: (
+                world.runtime_kyma(cluster) is None
+                and not world.kyma_exists(self.kcp, runtime.spec)
+            ),
+            timeout=self._timeout(60),
+            guard=self._guard,
+            logs=[self.klm.log],
         )
 
     # -- the end -----------------------------------------------------------------------------
@@ -1058,6 +1249,7 @@ class Demo:
         for line in table(headers, summary.rows):
             self.story.say(f"  {line}")
         self.story.say()
+        self.story.say(f"  Real here: {', '.join(self._real_parts())}")
         self.story.say(f"  Director calls by operation ({self.compass.calls_source}):")
         for title, calls in summary.calls.items():
             self.story.say(f"    {title}: {calls}")
@@ -1067,6 +1259,22 @@ class Demo:
         )
         self.story.say("  deleting its Kyma also deprovisions the cluster; here it keeps running.")
 
+    def _real_parts(self) -> list[str]:
+        """The counterparts that ran as the real programs (stand-ins: docs/real-compass.md)."""
+        o = self.options
+        parts = ["kube-apiserver and etcd", "the broker and agents"]
+        if o.real_director:
+            parts.append("Compass Director")
+        if o.real_connector:
+            parts.append("Connector, hydrator, Oathkeeper")
+        if o.klm:
+            parts.append("lifecycle-manager (runtime A's module)")
+        if o.real_runtime_agent:
+            parts.append(f"compass-runtime-agent (runtime {REAL_AGENT_KEY})")
+        if o.agent_image is not None:
+            parts.append("a node with kubelet and containerd (runtime A)")
+        return parts
+
     # -- keeping it running ------------------------------------------------------------------
 
     def print_access(self) -> None:
@@ -1074,6 +1282,10 @@ class Demo:
         self.story.say("Everything keeps running; Ctrl-C stops it all.")
         for name in CLUSTER_NAMES:
             self.story.say(f"  {name:<10} KUBECONFIG={self.clusters[name].kubeconfig_path}")
+        if self.klm is not None:
+            self.story.say(
+                f"  KLM        log {self.klm.log}; registry {self.klm.landscape.registry.host}"
+            )
         if self.real is not None:
             self._print_real_director_access(self.real)
         else:
@@ -1144,6 +1356,8 @@ class Demo:
 
     def close(self) -> None:
         """Stops every process the demo started and removes keys and cluster data."""
+        if self.klm is not None:
+            self.klm.stop()  # before the API servers it reconciles
         for runtime in self.runtimes.values():
             if runtime.real_agent is not None:
                 runtime.real_agent.stop()  # also frees the machine-wide lock on its port
@@ -1193,6 +1407,11 @@ def _row_revoked(row: dict[str, str] | None) -> dict[str, str] | None:
 def _unrevoked(runtime: Runtime) -> bool:
     samples = observe.scrape(f"{runtime.agent_url}/metrics")
     return bool(samples) and observe.sample(samples, "compass_agent_revoked") == 0.0
+
+
+def _agent_ready(runtime: Runtime) -> bool:
+    """What a kubelet's readiness probe would ask: the agent's own /readyz, once it listens."""
+    return runtime.agent_port != 0 and _http_ok(f"{runtime.agent_url}/readyz")
 
 
 def _answers_ok(url: str) -> Callable[[], bool]:

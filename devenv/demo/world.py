@@ -170,10 +170,10 @@ def seed_control_plane(kcp: TestCluster, spec: RuntimeSpec, runtime: TestCluster
         _ignore_conflict(exc)
 
 
-def prepare_runtime(cluster: TestCluster, spec: RuntimeSpec) -> None:
-    """`kyma-system` and, in a managed runtime, KLM's Kyma CR."""
+def prepare_runtime(cluster: TestCluster, spec: RuntimeSpec, *, real_klm: bool = False) -> None:
+    """`kyma-system` and, in a managed runtime, KLM's Kyma CR (the real KLM makes its own)."""
     cluster.create_namespace(RUNTIME_NAMESPACE)
-    if spec.managed:
+    if spec.managed and not real_klm:
         cluster.custom.create_namespaced_custom_object(
             *KYMA[:2],
             RUNTIME_NAMESPACE,
@@ -192,8 +192,8 @@ def install_agent_module(
     community module's manifest into kyma-system and names the runtime ID in the module's
     ConfigMap (no Kyma CR carries it there)."""
     if spec.managed:
-        _add_module(cluster.custom, RUNTIME_NAMESPACE, "default", AGENT_MODULE)
-        _add_module(kcp.custom, KCP_NAMESPACE, spec.kyma_name, AGENT_MODULE)
+        add_module(cluster.custom, RUNTIME_NAMESPACE, "default", AGENT_MODULE)
+        add_module(kcp.custom, KCP_NAMESPACE, spec.kyma_name, AGENT_MODULE)
         objects = kyma_module.as_lifecycle_manager_renders(
             manifest, owner=f"{KCP_NAMESPACE}/{spec.kyma_name}-{AGENT_MODULE}"
         )
@@ -289,7 +289,7 @@ def write_director_credentials(path: Path, *, client_id: str, secret: str, token
 # -- what users, KLM and KCP do ------------------------------------------------------------
 
 
-def _add_module(
+def add_module(
     custom: client.CustomObjectsApi, namespace: str, name: str, module: str = MODULE
 ) -> None:
     kyma = cast(
@@ -303,12 +303,17 @@ def _add_module(
     )
 
 
-def enable_module(kcp: TestCluster, cluster: TestCluster, spec: RuntimeSpec) -> str:
-    """Turns the module on in the runtime and in KCP; returns what was done, in words."""
+def enable_module(
+    kcp: TestCluster, cluster: TestCluster, spec: RuntimeSpec, *, real_klm: bool = False
+) -> str:
+    """Turns the module on in the runtime and in KCP; returns what was done, in words. The real
+    KLM copies a managed runtime's spec.modules to the KCP Kyma itself."""
     if spec.managed:
         # The user edits the runtime's Kyma CR; KLM syncs spec.modules to the KCP Kyma.
-        _add_module(cluster.custom, RUNTIME_NAMESPACE, "default")
+        add_module(cluster.custom, RUNTIME_NAMESPACE, "default")
         done = f"{MODULE} added to spec.modules of Kyma {RUNTIME_NAMESPACE}/default in the runtime"
+        if real_klm:
+            return f"{done}; lifecycle-manager reads it there"
     else:
         # In a BYOC cluster the module's manager creates its CR when the module is installed.
         body = {
@@ -326,7 +331,7 @@ def enable_module(kcp: TestCluster, cluster: TestCluster, spec: RuntimeSpec) -> 
         done = (
             f"ApplicationConnector {RUNTIME_NAMESPACE}/applicationconnector created in the runtime"
         )
-    _add_module(kcp.custom, KCP_NAMESPACE, spec.kyma_name)
+    add_module(kcp.custom, KCP_NAMESPACE, spec.kyma_name)
     return f"{done}; KCP Kyma {KCP_NAMESPACE}/{spec.kyma_name} lists the module"
 
 
@@ -361,7 +366,8 @@ def delete_kyma(kcp: TestCluster, spec: RuntimeSpec) -> None:
 # -- reading -----------------------------------------------------------------------------
 
 
-def _get(read: Any, *args: Any) -> Any | None:
+def read_or_none(read: Any, *args: Any) -> Any | None:
+    """What `read(*args)` returns, or None where the object is not there (404)."""
     try:
         return read(*args)
     except ApiException as exc:
@@ -371,13 +377,13 @@ def _get(read: Any, *args: Any) -> Any | None:
 
 
 def token_secret(cluster: TestCluster) -> TokenSecret | None:
-    found = _get(cluster.core.read_namespaced_secret, TOKEN_SECRET, RUNTIME_NAMESPACE)
+    found = read_or_none(cluster.core.read_namespaced_secret, TOKEN_SECRET, RUNTIME_NAMESPACE)
     return None if found is None else TokenSecret.from_data(found.data)
 
 
 def connection(cluster: TestCluster) -> dict[str, Any]:
     """`status` of the CompassConnection (empty while there is none)."""
-    found = _get(
+    found = read_or_none(
         cluster.custom.get_cluster_custom_object, *COMPASS_CONNECTION, "compass-connection"
     )
     return dict((found or {}).get("status") or {})
@@ -388,7 +394,7 @@ def connection_state(cluster: TestCluster) -> str:
 
 
 def _mapping(kcp: TestCluster, spec: RuntimeSpec) -> dict[str, Any] | None:
-    found = _get(
+    found = read_or_none(
         kcp.custom.get_namespaced_custom_object,
         *MAPPING[:2],
         KCP_NAMESPACE,
@@ -494,8 +500,20 @@ def runtime_event(cluster: TestCluster, reason: str) -> str | None:
     return str(events[-1].message) if events else None
 
 
+def runtime_kyma(cluster: TestCluster) -> dict[str, Any] | None:
+    """`kyma-system/default` in a runtime, or None."""
+    found = read_or_none(
+        cluster.custom.get_namespaced_custom_object,
+        *KYMA[:2],
+        RUNTIME_NAMESPACE,
+        KYMA[2],
+        "default",
+    )
+    return cast(dict[str, Any] | None, found)
+
+
 def kyma_exists(kcp: TestCluster, spec: RuntimeSpec) -> bool:
-    found = _get(
+    found = read_or_none(
         kcp.custom.get_namespaced_custom_object, *KYMA[:2], KCP_NAMESPACE, KYMA[2], spec.kyma_name
     )
     return found is not None
