@@ -91,7 +91,12 @@ def test_the_code_map_puts_every_broker_module_in_its_contract_layer() -> None:
             assert module not in documented, f"{module} is listed twice"
             documented[module] = int(row[1])
     contracted = {module: number for number, modules, _ in broker_layers() for module in modules}
-    assert documented == contracted
+    assert set(contracted) - set(documented) == set(), "contract modules missing from the code map"
+    assert set(documented) - set(contracted) == set(), "code map modules no contract names"
+    wrong = {
+        m: (documented[m], contracted[m]) for m in documented if documented[m] != contracted[m]
+    }
+    assert wrong == {}, "module: (layer in the code map, layer in the contract)"
 
 
 def test_the_agent_modules_called_pure_are_the_ones_the_contract_keeps_pure() -> None:
@@ -137,7 +142,11 @@ def documented_problems() -> dict[str, int]:
 
 
 def test_the_problem_table_is_every_problem_the_broker_answers() -> None:
-    assert documented_problems() == answered_problems()
+    documented, answered = documented_problems(), answered_problems()
+    assert set(answered) - set(documented) == set(), "problems the table lacks"
+    assert set(documented) - set(answered) == set(), "slugs the broker never answers"
+    wrong = {s: (documented[s], answered[s]) for s in documented if documented[s] != answered[s]}
+    assert wrong == {}, "slug: (status in the table, status the broker answers)"
 
 
 def test_no_other_doc_repeats_the_problem_table() -> None:
