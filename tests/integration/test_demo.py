@@ -34,6 +34,7 @@ from devenv import runtime_agent
 from devenv.compass_sim import CompassSimulator, SimConfig
 from devenv.compass_sim.testing import REQUEST_ONE_TIME_TOKEN, DirectorClient, fetch_token
 from devenv.demo import cli
+from devenv.demo import klm as real_klm
 from devenv.real_director import find_compass_source
 from devenv.runtime_agent_sim import ExchangeError, exchange_token
 
@@ -325,6 +326,30 @@ def test_options_that_cannot_work_here_are_refused_at_once(
     assert refusal == (
         "--real-connector needs --real-director: it exchanges the real Director's tokens"
     )
+    # The whole real path is refused with the first part that cannot run, at once (exit 2).
+    refusal, _ = cli.preflight(cli.build_parser().parse_args(["--all-real"]))
+    assert refusal == "--real-director needs the pinned Compass source: no source in /nowhere"
+    assert cli.main(["--workdir", str(tmp_path / "demo"), "--all-real"]) == 2
+    assert not (tmp_path / "demo").exists()
+
+
+def test_klm_is_refused_without_its_build_or_with_a_pod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No build in the cache and no source (build.sh exits 3): said with build.sh's reason.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("KLM_SRC", raising=False)
+    refusal, _ = cli.preflight(cli.build_parser().parse_args(["--klm"]))
+    assert refusal is not None
+    assert refusal.startswith(
+        "--klm needs lifecycle-manager's build or its source: the lifecycle-manager source is "
+        "not here: set KLM_SRC"
+    )
+    assert not (tmp_path / "cache" / "kyma-compass-pull").exists()  # nothing built or unpacked
+    # KLM installs make module's manifest unchanged; runtime A's pod needs another one.
+    refusal, _ = cli.preflight(cli.build_parser().parse_args(["--klm", "--agent-pod"]))
+    assert refusal is not None
+    assert refusal.startswith("--klm does not combine with --agent-pod yet: ")
 
 
 @pytest.mark.timeout(120)
@@ -411,12 +436,11 @@ def test_the_demo_with_the_real_compass_runtime_agent(tmp_path: Path) -> None:
     assert took_seconds(out) < 240
 
 
-# The whole real path: the real Director, Connector, hydrator and Oathkeeper take the broker's
-# tokens, and the real agent syncs over the certificate-secured side (our front in Istio's place).
+# The whole real path (--all-real): the real Director, Connector, hydrator and Oathkeeper take the
+# broker's tokens, the real agent syncs over the certificate-secured side (our front in Istio's
+# place), and the real lifecycle-manager installs runtime A's module from make module's output.
 @pytest.mark.timeout(420)
-def test_the_demo_on_the_real_director_connector_and_compass_runtime_agent(
-    tmp_path: Path,
-) -> None:
+def test_the_demo_on_the_whole_real_path(tmp_path: Path) -> None:
     where, reason = find_compass_source()
     if where is None:
         pytest.skip(f"the real Compass Director cannot be built here: {reason}")
@@ -426,10 +450,11 @@ def test_the_demo_on_the_real_director_connector_and_compass_runtime_agent(
     ]
     if refusal is not None:
         pytest.skip(refusal)
+    refusal = real_klm.why_not_here(agent_pod=False)
+    if refusal is not None:
+        pytest.skip(refusal)
     workdir = tmp_path / "demo"
-    out = run_demo(
-        workdir, "--real-director", "--real-connector", "--real-runtime-agent", timeout=400
-    )
+    out = run_demo(workdir, "--all-real", timeout=400)
     check_story(
         out,
         compass=(
@@ -442,10 +467,47 @@ def test_the_demo_on_the_real_director_connector_and_compass_runtime_agent(
     assert "a client certificate's CN names the runtime's SystemAuth" in out
     # Named by the real Connector, with Compass's default subject.
     assert re.search(r"Synchronized: client certificate CN=[0-9a-f-]{36}, O=Org", out)
+    check_lifecycle_manager(out, workdir)
     listed = {e["name"] for e in json.loads((workdir / "processes.json").read_text())}
     assert {
         "real-director-oathkeeper",
         "real-director-hydrator",
         "real-director-connector",
+        "runtime-agent-b",
     } <= listed
+    assert "Real here: kube-apiserver and etcd, the broker and agents, Compass Director, " in out
     assert took_seconds(out) < 240
+
+
+def check_lifecycle_manager(out: str, workdir: Path) -> None:
+    """Runtime A's module came from the real KLM: what only KLM writes is in the story."""
+    assert "The real lifecycle-manager (kyma-project/lifecycle-manager c5b83f1)" in out
+    assert "lifecycle-manager (runtime A's module)" in out  # the summary's list of real parts
+    # KLM's Manifest name (<kyma>-compass-agent-<hash>) in its component label and owner
+    # annotation, its field manager: the imitation would name <kyma>-compass-agent.
+    applied = re.search(
+        r"runtime A \(managed\): lifecycle-manager applies the release manifest \(field manager "
+        r"([^)]*)\): Deployment kyma-system/compass-agent with app\.kubernetes\.io/component="
+        r"([0-9a-f-]{36}-compass-agent-\d+), deprecated-operator\.kyma-project\.io/owned-by="
+        r"kcp-system/(\S+)$",
+        out,
+        re.M,
+    )
+    assert applied is not None, out
+    assert "declarative.kyma-project.io/applier" in applied.group(1).split(", ")
+    assert applied.group(3) == applied.group(2)
+    # The watcher's KCP_ADDR on KLM's skr-webhook; the module state from agent A's /readyz.
+    assert "skr-webhook KCP_ADDR=skr-events.kcp.example.test:443" in out
+    assert re.search(
+        r"Kyma kcp-system/[0-9a-f-]{36}: module compass-agent Ready, Kyma Ready "
+        r"\(lifecycle-manager's status\)",
+        out,
+    )
+    # application-connector is listed from the runtime's Kyma (the broker reads it there).
+    assert re.search(r"KCP Kyma status\.modules: application-connector \w+", out)
+    # Kyma deletion: KLM removes the module, then the runtime's Kyma; its finalizer lets go.
+    assert "lifecycle-manager removes the module from runtime A (managed)" in out
+    assert "agent A stopped, as a kubelet stops the pod of a deleted Deployment" in out
+    listed = {e["name"] for e in json.loads((workdir / "processes.json").read_text())}
+    assert {"lifecycle-manager", "ocm-registry"} <= listed
+    assert (workdir / "klm" / "lifecycle-manager.log").stat().st_size > 0
