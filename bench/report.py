@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bench.results import MB, BenchReport, DirectorCounts, FleetRunResult, Plan
+from bench.results import MB, BenchReport, FleetRunResult, Plan
 
 LOOKUP, REGISTER, TOKEN = "runtimes", "registerRuntime", "requestOneTimeTokenForRuntime"
 
@@ -120,34 +120,16 @@ def _ratio_ok(run: FleetRunResult) -> bool:
 
 
 def _run_figure(run: FleetRunResult) -> str:
-    what = "recovery" if run.scenario == "outage" else "all connected after"
     return (
-        f"{run.connected:,}/{run.n:,} connected; {what} {_fmt(run.time)} s vs bound "
-        f"{_fmt(run.bound)} s: {_fmt(run.ratio, 2)}x; {run.integrity.duplicates} duplicates"
+        f"{run.connected:,}/{run.n:,}; {_fmt(run.time)} s / {_fmt(run.bound)} s = "
+        f"{_fmt(run.ratio, 2)}x; {run.integrity.duplicates} duplicates"
     )
 
 
-def _calls_breakdown(counts: DirectorCounts, newly: int) -> str:
-    if not newly:
-        return "—"
-    other = counts.total - counts.get(LOOKUP) - counts.get(REGISTER) - counts.get(TOKEN)
-    parts = [
-        f"{counts.get(REGISTER) / newly:.2f} register",
-        f"{counts.get(TOKEN) / newly:.2f} token",
-    ]
-    if counts.get(LOOKUP):
-        parts.insert(0, f"{counts.get(LOOKUP) / newly:.2f} lookup")
-    if other:
-        parts.append(f"{other / newly:.2f} other")
-    return " + ".join(parts)
-
-
 def _attempts(attempts: dict[str, int], connected: int) -> str:
+    """Attempts in all and per runtime; the answers by kind are in the notes (`findings`)."""
     total = sum(attempts.values())
-    top = sorted(attempts.items(), key=lambda kv: -kv[1])[:3]
-    shown = ", ".join(f"{k}: {v:,}" for k, v in top)
-    per = f"{total / connected:.1f}/runtime; " if connected else ""
-    return f"{total:,} ({per}{shown})"
+    return f"{total:,} ({total / connected:.1f})" if connected else f"{total:,}"
 
 
 def _newly(run: FleetRunResult) -> int:
@@ -167,10 +149,7 @@ def verdicts(report: BenchReport) -> list[Verdict]:
     for scenario, name in (("cold", "Cold start"), ("outage", "Outage recovery")):
         runs = {r.n: r for r in _primary(report, scenario)}
         for n in sorted({*ISSUE_SIZES, *(n for n in runs if n >= RATIO_TARGET_MIN_N)}):
-            target = (
-                f"{name} N = {n:,} (C = {plan.capacity}, L = {plan.latency * 1000:.0f} ms): all "
-                f"connected within {RATIO_TARGET}x the bound, 0 duplicates"
-            )
+            target = f"{name} N = {n:,}: ≤ {RATIO_TARGET}x the bound, 0 duplicates"
             run = runs.get(n)
             if run is None:
                 out.append(Verdict(target, "—", "not measured"))
@@ -182,9 +161,7 @@ def verdicts(report: BenchReport) -> list[Verdict]:
     if measured:
         worst, value = max(measured, key=lambda rv: rv[1] or 0.0)
         missing = [r for r, v in fleet if v is None]
-        figure = f"worst {value:.2f} ({_label(worst)}); all runs: " + ", ".join(
-            f"{v:.2f}" for _, v in measured
-        )
+        figure = f"worst {value:.2f} ({_label(worst)})"
         if missing:
             figure += f"; {len(missing)} run(s) connected nothing"
         out.append(Verdict(target, figure, _met(value <= CALLS_PER_RUNTIME_TARGET and not missing)))
@@ -192,16 +169,16 @@ def verdicts(report: BenchReport) -> list[Verdict]:
         out.append(Verdict(target, "—", "not measured"))
     outages = report.runs_of("outage")
     target = (
-        f"Outage: ≤ {PROBES_PER_WINDOW_TARGET} call to Compass (Director or OAuth) per 5 s per "
-        "broker process after the breaker opened; opening burst reported"
+        f"Outage: ≤ {PROBES_PER_WINDOW_TARGET} call to Compass per 5 s per broker after the "
+        "breaker opened"
     )
     if outages:
         worst_window = max(o.max_calls_per_window_after for o in outages)
-        bursts = ", ".join(f"N = {o.n:,}: {o.opening_burst}" for o in outages)
+        burst = max(o.opening_burst for o in outages)
         out.append(
             Verdict(
                 target,
-                f"at most {worst_window} in any 5 s after it opened; opening burst {bursts}",
+                f"at most {worst_window} per 5 s; opening burst at most {burst}",
                 _met(worst_window <= PROBES_PER_WINDOW_TARGET),
             )
         )
@@ -214,7 +191,7 @@ def verdicts(report: BenchReport) -> list[Verdict]:
     ):
         out.append(
             Verdict(
-                f"Identity mode `{run.identity_mode}`, cold start N = {run.n:,}: within "
+                f"Identity mode `{run.identity_mode}`, cold start N = {run.n:,}: ≤ "
                 f"{RATIO_TARGET}x the bound",
                 _run_figure(run),
                 _met(_ratio_ok(run)),
@@ -229,8 +206,7 @@ def verdicts(report: BenchReport) -> list[Verdict]:
         beside = f" (one replica: {_fmt(single.ratio, 2)}x)" if single is not None else ""
         out.append(
             Verdict(
-                f"{run.replicas} broker replicas share a cold start N = {run.n:,}: all "
-                "connected, 0 duplicates",
+                f"{run.replicas} broker replicas share a cold start N = {run.n:,}: all connected",
                 _run_figure(run) + beside,
                 _met(run.connected == run.n and run.integrity.duplicates == 0),
             )
@@ -297,9 +273,9 @@ def _one_replica(report: BenchReport, run: FleetRunResult) -> FleetRunResult | N
 def _reports_verdicts(report: BenchReport) -> list[Verdict]:
     r = report.reports
     target = (
-        f"Connection reports (issue 13), N = {report.plan.report_runtimes:,} at a "
+        f"Connection reports (issue 13), N = {report.plan.report_runtimes:,}, "
         f"{report.plan.report_heartbeat / 60:.0f}-minute heartbeat: broker CPU < "
-        f"{REPORT_CPU_SHARE_TARGET * 100:.0f} % of a core and < {REPORT_WRITES_TARGET:.0f} KCP "
+        f"{REPORT_CPU_SHARE_TARGET * 100:.0f} % of a core, < {REPORT_WRITES_TARGET:.0f} KCP "
         "writes/s"
     )
     if r is None:
@@ -308,9 +284,8 @@ def _reports_verdicts(report: BenchReport) -> list[Verdict]:
     return [
         Verdict(
             target,
-            f"{r.cpu_share * 100:.2f} % of a core, {r.writes_per_second:.2f} writes/s "
-            f"({r.reports:,} reports from {r.runtimes:,} runtimes in {r.window_seconds:.0f} s, "
-            f"{accepted:,} answered 202)",
+            f"{r.cpu_share * 100:.2f} %, {r.writes_per_second:.2f} writes/s "
+            f"({accepted:,} of {r.reports:,} answered 202)",
             _met(
                 r.cpu_share < REPORT_CPU_SHARE_TARGET
                 and r.writes_per_second < REPORT_WRITES_TARGET
@@ -334,8 +309,7 @@ def _steady_verdicts(report: BenchReport) -> list[Verdict]:
     p99 = s.single.overhead_p99_ms
     out.append(
         Verdict(
-            f"Steady, one caller at a time: broker overhead (latency minus Director's own time) "
-            f"p99 < {OVERHEAD_P99_TARGET_MS:.0f} ms",
+            f"Steady, one caller at a time: broker overhead p99 < {OVERHEAD_P99_TARGET_MS:.0f} ms",
             f"p99 {_fmt(p99)} ms, p50 {_fmt(s.single.overhead_p50_ms)} ms (latency p99 "
             f"{s.single.p99_ms:.1f} ms)",
             _met(p99 is not None and p99 < OVERHEAD_P99_TARGET_MS),
@@ -410,8 +384,7 @@ def _time_cells(plan: Plan, r: FleetRunResult) -> list[str]:
 def _cost_cells(r: FleetRunResult) -> list[str]:
     return [
         _fmt(r.calls_per_runtime, 2),
-        _calls_breakdown(r.director, _newly(r)),
-        f"{r.director.peak_in_flight} / {r.capacity}",
+        f"{r.director.peak_in_flight}",
         _percent(r.director_busy),
         f"{r.integrity.duplicates}",
         _kcp_per_runtime(r),
@@ -422,16 +395,17 @@ def _cost_cells(r: FleetRunResult) -> list[str]:
 
 
 TIME_HEADER = ["bound (s)", "ratio", f"≤ {RATIO_TARGET}x"]
+# What each column is: the Setup section of `render`; a run's calls by operation, when other
+# than one of each per new runtime, and its agents' answers by kind are in the notes.
 COST_HEADER = [
-    f"Director calls / new runtime (≤ {CALLS_PER_RUNTIME_TARGET})",
-    "by operation / new runtime",
-    "peak Director calls in flight / C",
-    "Director busy (share of C x time)",
+    "calls / new runtime",
+    "peak in flight",
+    "Director busy",
     "duplicates",
     "KCP requests / runtime",
-    "broker CPU (s, all replicas)",
-    "broker peak RSS (MB, largest replica)",
-    "agent attempts (by answer)",
+    "broker CPU (s)",
+    "broker RSS (MB)",
+    "agent attempts (/runtime)",
 ]
 
 
@@ -451,18 +425,24 @@ COLD_HEADER = ["N", "connected", "time to all (s)", *TIME_HEADER, *COST_HEADER]
 
 
 def _windows(run: FleetRunResult) -> str:
+    """The calls per 5 s window, a value repeated in a row written once with its count
+    (`0 1x11`)."""
     w = run.windows_after
     if not w:
         return "—"
-    shown = " ".join(str(x) for x in w[:14])
-    return shown + (" …" if len(w) > 14 else "")
+    runs: list[list[int]] = []
+    for x in w:
+        if runs and runs[-1][0] == x:
+            runs[-1][1] += 1
+        else:
+            runs.append([x, 1])
+    return " ".join(f"{x}x{k}" if k > 1 else f"{x}" for x, k in runs)
 
 
 def _outage_rows(plan: Plan, runs: Sequence[FleetRunResult]) -> list[list[str]]:
     return [
         [
             f"{r.n:,}",
-            _fmt(r.outage_seconds, 0),
             _connected(r),
             f"{r.calls_during_outage} ({r.oauth_calls_during_outage} OAuth)",
             _fmt(r.breaker_opened_after),
@@ -479,13 +459,12 @@ def _outage_rows(plan: Plan, runs: Sequence[FleetRunResult]) -> list[list[str]]:
 
 OUTAGE_HEADER = [
     "N",
-    "T (s)",
     "connected",
     "calls during outage",
     "breaker open after (s)",
     "opening burst",
-    f"max per 5 s after it opened (≤ {PROBES_PER_WINDOW_TARGET})",
-    "calls per 5 s window after it opened",
+    "max per 5 s after",
+    "calls per 5 s after",
     "first connect after return (s)",
     "recovery (s)",
     *TIME_HEADER,
@@ -513,7 +492,7 @@ def _runtime_api(run: FleetRunResult) -> str:
         return "—"
     reviews = run.runtime_api.by_request.get("POST tokenreviews", 0)
     per = f"{reviews / run.connected:.2f}" if run.connected else "—"
-    return f"{per} ({run.runtime_api.total:,} requests in all)"
+    return f"{per} ({run.runtime_api.total:,} requests)"
 
 
 COMPARE_HEADER = [
@@ -523,7 +502,7 @@ COMPARE_HEADER = [
     "connected",
     "time to all (s)",
     *TIME_HEADER,
-    "TokenReviews / runtime (runtime API servers)",
+    "TokenReviews / runtime",
     *COST_HEADER,
 ]
 
@@ -552,15 +531,15 @@ def _cpu_rows(runs: Sequence[FleetRunResult]) -> list[list[str]]:
 CPU_HEADER = [
     "run",
     "wall (s)",
-    "all cores busy (CPU s, % of capacity)",
+    "all cores busy (CPU s, %)",
     "broker",
-    "fleet (agents)",
-    "Compass simulator",
-    "KCP kube-apiserver",
+    "fleet",
+    "simulator",
+    "KCP API server",
     "KCP etcd",
-    "bench (harness)",
-    "other bench processes",
-    "other work on the machine",
+    "harness",
+    "other bench",
+    "other work",
 ]
 
 
@@ -581,34 +560,28 @@ def render(report: BenchReport) -> str:
     lines = [
         "# Benchmarks",
         "",
-        "Written by `python -m bench` (`make bench`) together with `benchmarks.json` (the same "
-        "figures, machine-readable: [benchmarks-json.md](benchmarks-json.md)) and the plots; "
-        "re-running it rewrites them. Do not edit by hand.",
+        "Written by `python -m bench` (`make bench`) with `benchmarks.json` "
+        "([benchmarks-json.md](benchmarks-json.md)) and the plots. Do not edit by hand.",
         "",
         "## Machine and command",
         "",
         f"- CPUs: {m.cpus} ({m.cpu_model}); Python {m.python}; {m.platform}",
         f"- load average before / after: {', '.join(f'{x:.1f}' for x in m.load_before)} / "
-        f"{', '.join(f'{x:.1f}' for x in m.load_after)} (who used the cores during each run: "
-        "section 7)",
-        f"- command: `{report.command}`; the full run of issue 10 is `make bench` "
-        "(`python -m bench` with every default, `--profile` for the profile); "
-        "`python -m bench --plan` lists its runs",
+        f"{', '.join(f'{x:.1f}' for x in m.load_after)}",
+        f"- command: `{report.command}`; `make bench` runs every default with `--profile`; "
+        "`--plan` lists the runs",
         *([f"- code measured: {report.revision}"] if report.revision else []),
         f"- started {report.started}, took {report.duration_seconds / 60:.1f} min",
-        f"- primary configuration: Director capacity C = {c} concurrent calls, latency L = "
-        f"{lat * 1000:.0f} ms per call (Compass simulator), outage T = "
-        f"{plan.outage_seconds:.0f} s, fleet sizes N = "
-        f"{', '.join(f'{n:,}' for n in plan.sizes) or 'none'}; second table: L = "
+        f"- Director capacity C = {c} concurrent calls, latency L = {lat * 1000:.0f} ms per call "
+        f"(simulator), outage T = {plan.outage_seconds:.0f} s, N = "
+        f"{', '.join(f'{n:,}' for n in plan.sizes) or 'none'}; section 3: L = "
         f"{plan.legacy_latency * 1000:.0f} ms at N = "
         f"{', '.join(f'{n:,}' for n in plan.legacy_sizes) or 'none'}",
-        f"- the broker's `BROKER_DIRECTOR_MAX_CONCURRENCY` = {plan.broker_concurrency} (a little "
-        "above C, as `docs/broker.md` advises: a call's time in transit would otherwise leave "
-        "Director's slots idle), all other broker settings at "
-        "their defaults unless the notes say otherwise; agents: "
+        f"- `BROKER_DIRECTOR_MAX_CONCURRENCY` = {plan.broker_concurrency} (a little above C, "
+        "[broker.md](broker.md)), other broker settings default unless the notes say so; "
         f"{plan.fleet_processes} fleet process(es)",
-        f"- each run may take max(10x bound, 300 s), at most {plan.max_run_seconds:,.0f} s "
-        "(+ T for an outage); agents still waiting then count as not connected",
+        f"- a run may take max(10x bound, 300 s), at most {plan.max_run_seconds:,.0f} s (+ T); "
+        "agents still waiting then count as not connected",
         "",
         "## Where the targets stand",
         "",
@@ -621,37 +594,29 @@ def render(report: BenchReport) -> str:
         "",
         "## Setup",
         "",
-        "- Broker processes (`python -m control_plane_broker`); `jwks` identity mode with the "
-        "issuer pinned per runtime (`BROKER_JWKS_ISSUER_URL=http://127.0.0.1:<port>/rt/"
-        "{runtime_id}`): each simulated runtime has its own EC P-256 ServiceAccount signing key "
-        "and `kid`, served by a small JWKS server; `tokenreview` mode: "
-        f"{plan.tokenreview_clusters} real runtime API servers shared by the fleet "
-        "(runtime i's `kubeconfig-<id>` Secret names server i mod "
-        f"{plan.tokenreview_clusters}), tokens of each server's `kyma-system/compass-agent` "
-        "ServiceAccount for the broker's audience from TokenRequest.",
-        "- Kyma CRs (labelled as KEB labels them, module `application-connector` enabled) and the "
-        "broker's `CompassManagerMapping`s live in a real control-plane API server "
-        "(kube-apiserver + etcd from `devenv.clusters`), a fresh namespace per run, emptied "
-        "after it (so no run meets an earlier run's objects). KCP "
-        "requests are the API server's own `apiserver_request_total` (from its `/metrics`), "
-        "read before and after each phase while nothing but the broker talks to it.",
-        "- Compass is the project's simulator (`python -m devenv.compass_sim`) with "
-        "`--max-concurrent C --latency L`, a fresh one per run; Director calls are counted from "
-        "its request log, registrations from its store (duplicates = registrations beyond the "
-        "first carrying the same `kyma_runtime_id` label).",
-        "- Each simulated agent is the agent's own `BrokerClient.pull` (THE retry policy in "
-        "`agent/retry_policy.py`: exponential backoff from 1 s, factor 2, cap 300 s, full jitter, "
-        "`Retry-After` honoured; 30 s timeout); all N ask at the same moment, from fleet "
-        "processes of their own with tokens made before the run (no crypto while it runs) and "
-        "connection pools of 50 agents, one connection each; with R replicas agent i asks "
-        "replica i mod R.",
-        "- Capacity bound = 2·N·L / C: Director serves C calls at a time, each takes L, and a "
-        "new runtime needs `registerRuntime` + `requestOneTimeTokenForRuntime`. Ratio = time "
-        f"to all connected (cold start) or recovery after Director's return (outage) / bound; "
-        f"target ≤ {RATIO_TARGET}x at N ≥ {RATIO_TARGET_MIN_N:,} and L = {lat * 1000:.0f} ms "
-        "(issue 10); smaller fleets and the second latency are kept for reference (a bound of "
-        "a few seconds is set by the fleet's start-up and the breaker's probe period, not by "
-        "the broker's throughput). Broker CPU and peak RSS (VmHWM) from /proc of each broker.",
+        "- Broker processes (`python -m control_plane_broker`). `jwks` mode: the issuer pinned "
+        "per runtime (`BROKER_JWKS_ISSUER_URL=http://127.0.0.1:<port>/rt/{runtime_id}`), each "
+        "runtime with its own EC P-256 key and `kid` from a small JWKS server. `tokenreview` "
+        f"mode: {plan.tokenreview_clusters} real runtime API servers, runtime i on server i mod "
+        f"{plan.tokenreview_clusters}, TokenRequest tokens of `kyma-system/compass-agent`.",
+        "- Kyma CRs and `CompassManagerMapping`s in a real KCP API server (`devenv.clusters`), a "
+        "fresh namespace per run; KCP requests from its `apiserver_request_total`.",
+        "- Compass: the simulator (`python -m devenv.compass_sim --max-concurrent C --latency "
+        "L`), fresh per run; calls from its request log, registrations from its store "
+        "(duplicates: registrations beyond the first per `kyma_runtime_id`).",
+        "- Agents: the agent's own `BrokerClient.pull` (`agent/retry_policy.py`: backoff from "
+        "1 s, factor 2, cap 300 s, full jitter, `Retry-After` honoured; 30 s timeout), all N at "
+        "once from fleet processes, tokens made before the run, pools of 50; with R replicas "
+        "agent i asks replica i mod R.",
+        "- Bound = 2·N·L / C (`registerRuntime` + `requestOneTimeTokenForRuntime` per runtime, "
+        "C at a time). Ratio = time to all connected (cold) or recovery after Director's return "
+        f"(outage) / bound; target ≤ {RATIO_TARGET}x at N ≥ {RATIO_TARGET_MIN_N:,} and L = "
+        f"{lat * 1000:.0f} ms (issue 10), other rows for reference (a bound of seconds is set "
+        "by start-up and the breaker's probe period).",
+        "- Columns: Director calls per new runtime (target ≤ "
+        f"{CALLS_PER_RUNTIME_TARGET}); peak Director calls in flight; Director busy = share of C "
+        "x time; broker CPU of all replicas and peak RSS (VmHWM) of the largest, from /proc; "
+        "agent attempts in all (per runtime).",
         "",
         f"## 1. Cold start: all N ask at once (C = {c}, L = {lat * 1000:.0f} ms)",
         "",
@@ -664,12 +629,11 @@ def render(report: BenchReport) -> str:
         f"## 2. Outage: Director down for {plan.outage_seconds:.0f} s while the fleet asks "
         f"(C = {c}, L = {lat * 1000:.0f} ms)",
         "",
-        "Director answers 503 from the moment the fleet starts asking until T; recovery is the "
-        "time from Director's return until the last runtime connected. Calls during the outage "
-        "reached the simulator while it was down, Director and OAuth token endpoint together. "
-        "The breaker's opening is read from the broker's `broker_circuit_breaker_open` gauge "
-        "(every 0.5 s): calls before it are the opening burst, calls after it are counted per "
-        "5 s (the target is at most one probe per 5 s).",
+        "Director answers 503 from the fleet's start until T; recovery runs from its return to "
+        "the last connect. Calls during the outage: Director and OAuth together. The breaker "
+        "opens when `broker_circuit_breaker_open` (read every 0.5 s) says so; calls before are "
+        "the opening burst, calls after are counted per 5 s (target ≤ "
+        f"{PROBES_PER_WINDOW_TARGET}; `1x11`: eleven 1s).",
         "",
     ]
     _section_fleet(lines, plan, _primary(report, "outage"), "outage")
@@ -680,45 +644,45 @@ def render(report: BenchReport) -> str:
         "",
         f"## 3. Second configuration: L = {plan.legacy_latency * 1000:.0f} ms (C = {c})",
         "",
-        "The configuration of the earlier reports, for comparison.",
-        "",
-        "Cold start:",
+        "The earlier reports' configuration. Cold start:",
         "",
     ]
     _section_fleet(lines, plan, sorted(legacy_of(legacy, "cold"), key=lambda r: r.n), "cold")
     lines += ["", "Outage:", ""]
     _section_fleet(lines, plan, sorted(legacy_of(legacy, "outage"), key=lambda r: r.n), "outage")
-    lines += ["", "## 4. Identity modes: cold start in `jwks` and `tokenreview` mode", ""]
-    identity = [r for r in report.runs if table_of(plan, r) == "identity"]
-    compared = sorted(
-        [*(o for r in identity if (o := _one_replica_jwks(report, r)) is not None), *identity],
+    lines += [
+        "",
+        "## 4. Identity modes: cold start in `jwks` and `tokenreview` mode",
+        "",
+        "`jwks` with one replica: section 1.",
+        "",
+    ]
+    identity = sorted(
+        (r for r in report.runs if table_of(plan, r) == "identity"),
         key=lambda r: (r.n, r.identity_mode),
     )
-    lines += _table(COMPARE_HEADER, _compare_rows(plan, compared)) if identity else ["Not run."]
+    lines += _table(COMPARE_HEADER, _compare_rows(plan, identity)) if identity else ["Not run."]
     lines += [
         "",
         "## 5. Broker replicas sharing a cold start",
         "",
-        f"Each replica limits itself to `BROKER_DIRECTOR_MAX_CONCURRENCY` = "
-        f"{plan.broker_concurrency} calls, so together they may send R times that; Director "
-        "serves C at a time and queues the rest (the bound is the same).",
+        f"Each replica sends up to {plan.broker_concurrency} calls at once; Director serves C "
+        "and queues the rest (same bound). One replica: section 1.",
         "",
     ]
-    replicas = [r for r in report.runs if table_of(plan, r) == "replicas"]
-    compared = sorted(
-        [*(o for r in replicas if (o := _one_replica(report, r)) is not None), *replicas],
+    replicas = sorted(
+        (r for r in report.runs if table_of(plan, r) == "replicas"),
         key=lambda r: (r.n, r.replicas),
     )
-    lines += _table(COMPARE_HEADER, _compare_rows(plan, compared)) if replicas else ["Not run."]
+    lines += _table(COMPARE_HEADER, _compare_rows(plan, replicas)) if replicas else ["Not run."]
     lines += ["", "## 6. Steady state: registered runtimes ask again", ""]
     lines += _steady_section(report)
     lines += [
         "",
         "## 7. Who used the cores",
         "",
-        "CPU seconds per process during each fleet run (from /proc; the fleet reports its own), "
-        "and the whole machine's busy time from /proc/stat: what no process of this benchmark "
-        "used was other work on the shared machine.",
+        "CPU seconds per process in each fleet run (/proc); other work = the machine's busy "
+        "time (/proc/stat) no bench process used.",
         "",
     ]
     lines += _table(CPU_HEADER, _cpu_rows(report.runs)) if report.runs else ["Not run."]
@@ -730,10 +694,9 @@ def render(report: BenchReport) -> str:
     fp = report.footprint
     if fp is not None:
         lines += [
-            "The real agent (`python -m agent`) against a real runtime API server and the broker "
-            "above: it pulls a token, writes the secret, the CompassConnection is set to "
-            f"`Connected`, then it stays idle for {fp.idle_seconds:.0f} s (watches open, Lease "
-            "renewed every 5 s).",
+            "The real agent (`python -m agent`) against a real runtime API server: token, secret, "
+            f"`Connected`, then {fp.idle_seconds:.0f} s idle (watches open, Lease renewed every "
+            "5 s).",
             "",
         ]
         lines += _table(
@@ -768,33 +731,16 @@ def legacy_of(runs: Iterable[FleetRunResult], scenario: str) -> list[FleetRunRes
     return [r for r in runs if r.scenario == scenario]
 
 
-def _one_replica_jwks(report: BenchReport, run: FleetRunResult) -> FleetRunResult | None:
-    return next(
-        (
-            r
-            for r in report.runs
-            if r.scenario == run.scenario
-            and r.n == run.n
-            and r.latency == run.latency
-            and r.identity_mode == "jwks"
-            and r.replicas == 1
-        ),
-        None,
-    )
-
-
 def _reports_section(report: BenchReport) -> list[str]:
     r = report.reports
     if r is None:
         return ["Not run."]
     lines = [
-        f"{r.runtimes:,} runtimes registered for real, each reported once (its state new: "
-        f"{r.warmup_writes:,} KCP writes for that first round); then the recorded report times "
-        "were spread as a fleet's are in steady state (age uniform up to the broker's refresh "
-        "interval plus half a heartbeat), and for the window below the runtimes reported in "
-        f"turn at N / heartbeat = {r.runtimes / r.heartbeat_seconds:.1f} reports/s with their "
-        "state unchanged: the broker writes only a report whose record is older than the "
-        "refresh interval. Broker CPU from /proc; KCP requests from the API server's metrics.",
+        f"{r.runtimes:,} registered runtimes, each reported once ({r.warmup_writes:,} KCP writes "
+        "for that first round); their report times then spread as in steady state (age uniform "
+        "up to the refresh interval plus half a heartbeat), and in the window they reported in "
+        f"turn at N / heartbeat = {r.runtimes / r.heartbeat_seconds:.1f} reports/s, state "
+        "unchanged (the broker writes only records older than the refresh interval).",
         "",
     ]
     writes = {
@@ -823,18 +769,13 @@ def _steady_section(report: BenchReport) -> list[str]:
     if s is None:
         return ["Not run."]
     lines = [
-        f"{s.runtimes:,} registered runtimes (`{s.identity_mode}` mode, one broker); each "
-        "request is for a different runtime (so the per-runtime rate limit does not "
-        "interfere) and issues a real token. Director answers at once here (latency 0, "
-        f"capacity {s.capacity}); the simulator's own time per `requestOneTimeTokenForRuntime` "
-        f"was p50 {s.director_p50_ms:.1f} ms, p99 {s.director_p99_ms:.1f} ms. Broker overhead "
-        "(one caller at a time) = each request's latency minus the time the simulator spent on "
-        "the Director calls answered inside it. Broker CPU from /proc/<pid>/stat before and "
-        "after each phase, divided by the answers of the expected kind. The callers run in the "
-        "benchmark's process (its CPU is shown), each with one connection of its own. Order: "
-        "three rounds over all runtimes with the concurrent callers (each runtime's first "
-        "`TokenIssued` Event is written then), one round over all with one caller, then the "
-        "Director-down phases.",
+        f"{s.runtimes:,} registered runtimes (`{s.identity_mode}` mode, one broker), each "
+        "request for another runtime, a real token each. Director answers at once (latency 0, "
+        f"capacity {s.capacity}; its own time per token p50 {s.director_p50_ms:.1f} ms, p99 "
+        f"{s.director_p99_ms:.1f} ms). Overhead = latency minus Director's time inside the "
+        "request. CPU per answer of the expected kind. Callers run in the harness, one "
+        "connection each. Order: three rounds with the concurrent callers (each runtime's first "
+        "`TokenIssued` Event then), one with one caller, then Director down.",
         "",
     ]
     rows = []
@@ -866,10 +807,10 @@ def _steady_section(report: BenchReport) -> list[str]:
             "p50 (ms)",
             "p99 (ms)",
             "max (ms)",
-            "broker overhead p50 / p99 (ms)",
+            "overhead p50 / p99 (ms)",
             "expected answers/s",
-            "broker CPU ms per answer",
-            "KCP requests per answer",
+            "broker CPU ms / answer",
+            "KCP requests / answer",
             "harness CPU (s)",
         ],
         rows,
@@ -879,9 +820,8 @@ def _steady_section(report: BenchReport) -> list[str]:
             shown = ", ".join(f"`{k}` {v:,}" for k, v in f.kcp.by_request.items())
             lines += [
                 "",
-                f"KCP requests while registered runtimes got tokens ({name}): {shown}; "
-                f"Events created {f.kcp.events_created:,}, aggregated into existing ones "
-                f"{f.kcp.events_updated:,}.",
+                f"KCP requests ({name}): {shown}; Events created {f.kcp.events_created:,}, "
+                f"aggregated into existing ones {f.kcp.events_updated:,}.",
             ]
     return lines
 
@@ -912,8 +852,7 @@ def _profile_section(report: BenchReport) -> list[str]:
     if p.top_broker:
         lines += [
             "",
-            "Where in the broker's own code those samples came from (innermost "
-            "`control_plane_broker` frame):",
+            "The same samples by innermost `control_plane_broker` frame:",
             "",
         ]
         lines += _table(
@@ -954,8 +893,8 @@ def findings(report: BenchReport) -> list[str]:
         if newly and (r.director.get(REGISTER) > newly or r.director.get(TOKEN) > newly):
             out.append(
                 f"{name}: {r.director.get(REGISTER) / newly:.2f} `registerRuntime` and "
-                f"{r.director.get(TOKEN) / newly:.2f} tokens per connected runtime: some calls "
-                "were repeated (retries after a failed or abandoned attempt)."
+                f"{r.director.get(TOKEN) / newly:.2f} tokens per new runtime (retries after a "
+                "failed or abandoned attempt)."
             )
         other = {
             op: v
@@ -967,8 +906,8 @@ def findings(report: BenchReport) -> list[str]:
             out.append(f"{name}: other Director calls: {shown}.")
         busy = {k: v for k, v in r.attempts.items() if k.startswith("503")}
         if busy:
-            kinds = ", ".join(f"{k}: {v:,}" for k, v in sorted(busy.items()))
-            out.append(f"{name}: the agents got {sum(busy.values()):,} 503 answers ({kinds}).")
+            kinds = ", ".join(f"{k.removeprefix('503 ')} {v:,}" for k, v in sorted(busy.items()))
+            out.append(f"{name}: {sum(busy.values()):,} 503 answers ({kinds}).")
         transport = {k: v for k, v in r.attempts.items() if k.startswith("transport error")}
         if transport:
             kinds = ", ".join(
@@ -977,8 +916,7 @@ def findings(report: BenchReport) -> list[str]:
             )
             out.append(
                 f"{name}: {sum(transport.values()):,} agent requests ended in a transport error "
-                f"({kinds}): a timeout is the agent's own 30 s limit (the broker took longer to "
-                "answer); a connect or protocol error a refused or dropped connection."
+                f"({kinds}; a timeout is the agent's 30 s limit)."
             )
         if r.integrity.duplicates:
             out.append(f"{name}: {r.integrity.duplicates} DUPLICATE registration(s).")

@@ -430,7 +430,7 @@ def test_render_has_machine_command_every_table_and_findings() -> None:
     assert "`make bench`" in text
     # cold start row: N, connected, time, bound, ratio, target
     assert "| 1,000 | 1,000 | 32.5 | 25.0 | 1.30x | not met | 4.00 |" in text
-    assert "2.00 lookup + 1.00 register + 1.00 token" in text
+    assert "2.00 `runtimes` lookups per new runtime" in text
     assert "![Connected runtimes through the outage](benchmarks-outage.png)" in text
     assert "| tokenreview | 1 | 1,000 |" in text
     assert "| jwks | 2 | 1,000 |" in text
@@ -523,3 +523,10 @@ def test_the_json_has_exactly_the_documented_shape() -> None:
     assert reports["broker_cpu_share"] == 0.02
     assert data["commit"] == "abc1234"
     json.dumps(data)  # plain JSON all the way down
+
+
+def test_calls_per_window_repeat_a_value_once_with_its_count() -> None:
+    r = a_report()
+    outage = next(run for run in r.runs if run.scenario == "outage")
+    r.runs[r.runs.index(outage)] = replace(outage, windows_after=[0, 1, 1, 1, 0, 2, 2])
+    assert "| 0 1x3 0 2x2 |" in report.render(r)
