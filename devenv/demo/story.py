@@ -1249,7 +1249,9 @@ class Demo:
         for line in table(headers, summary.rows):
             self.story.say(f"  {line}")
         self.story.say()
-        self.story.say(f"  Real here: {', '.join(self._real_parts())}")
+        real = self._real_parts()
+        if real:
+            self.story.say(f"  Real counterparts: {', '.join(real)} (stand-ins: real-compass.md)")
         self.story.say(f"  Director calls by operation ({self.compass.calls_source}):")
         for title, calls in summary.calls.items():
             self.story.say(f"    {title}: {calls}")
@@ -1260,9 +1262,10 @@ class Demo:
         self.story.say("  deleting its Kyma also deprovisions the cluster; here it keeps running.")
 
     def _real_parts(self) -> list[str]:
-        """The counterparts that ran as the real programs (stand-ins: docs/real-compass.md)."""
+        """The counterparts the options ran as the real programs instead of the simulated
+        ones."""
         o = self.options
-        parts = ["kube-apiserver and etcd", "the broker and agents"]
+        parts: list[str] = []
         if o.real_director:
             parts.append("Compass Director")
         if o.real_connector:
