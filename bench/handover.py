@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.progress import Progress
+from bench.report import FINDINGS_RECORD
 from devenv import runtime_agent
 from devenv.clusters import find_binaries, kyma_crds, start_cluster
 from devenv.runtime_agent.landscape import Handover
@@ -99,24 +100,23 @@ def render_section(result: HandoverResult, command: str) -> str:
     lines = [
         SECTION,
         "",
-        "Issue 27's target: Director `requestOneTimeTokenForRuntime` calls per reconnect = 1.00 "
-        "with the real compass-runtime-agent (application-connector-manager 859cac3), over at "
-        "least 10 reconnects, and the time from failure to `Synchronized`.",
+        "Issue 27: Director `requestOneTimeTokenForRuntime` calls per reconnect = 1.00 with the "
+        "real compass-runtime-agent (application-connector-manager 859cac3), ≥ 10 reconnects, "
+        "and the time from failure to `Synchronized`.",
         "",
-        f"Measured at commit `{result.commit}` ({result.started}), sync period "
-        f"{result.sync_period:g} s (the module's `APP_CONTROLLER_SYNC_PERIOD`), minimal sync "
-        f"time {result.minimal_sync:g} s, our agent with its shipped defaults; "
+        f"Commit `{result.commit}` ({result.started}), sync period {result.sync_period:g} s "
+        f"(`APP_CONTROLLER_SYNC_PERIOD`), minimal sync time {result.minimal_sync:g} s, our agent's "
+        "defaults; "
         + ("complete" if result.complete else "**interrupted: partial figures**")
-        + f", {result.wall_seconds / 60:.0f} min wall time on 2 shared cores. A reconnect: the "
-        "CompassConnection deleted, the real agent starts over with the token it already spent "
+        + f", {result.wall_seconds / 60:.0f} min on 2 shared cores. A reconnect: the "
+        "CompassConnection deleted, the real agent fails with its spent token "
         "(`ConnectionFailed`), our agent pulls one token and hands it over. "
         + (
-            "Each failure came after a random wait of up to one period, anywhere in the "
-            "real agent's resync cycle."
+            "Failures after a random wait of up to one period, anywhere in the real agent's "
+            "resync cycle."
             if result.random_phase
-            else "Each failure came right after the previous `Synchronized`, i.e. just after a "
-            "resync of the real agent: the times to `Synchronized` are the worst case, one "
-            "whole period (`--random-phase` puts failures anywhere in the cycle)."
+            else "Failures right after the previous `Synchronized`: the worst case for "
+            "`Synchronized` (`--random-phase` puts them anywhere in the cycle)."
         ),
         "",
         "| | figure |",
@@ -143,20 +143,11 @@ def render_section(result: HandoverResult, command: str) -> str:
         )
         + ".",
         "",
-        "`Connected` follows the failure after the minimal sync time and a second: our agent "
-        "pulls the token at once, then hands it over (annotates the CompassConnection) once "
-        "the minimal sync time has passed since the failed attempt, and the real agent "
-        "reconciles on that update at once. `Synchronized` waits for the real agent's next "
-        "resync (its own update after `Connected` is skipped, `lastSync` being fresh): up to "
-        "one jittered sync period after the failure"
-        + (
-            "."
-            if result.random_phase
-            else ", here all of it, the failures coming just after a resync."
-        ),
+        "Why `Connected` takes the minimal sync time and `Synchronized` up to a sync period: "
+        f"[0016](design/{FINDINGS_RECORD}).",
         "",
-        f"Reproduce: `{command}` (needs root, unshare(1) and the runtime agent's source; holds "
-        "the machine-wide runtime-agent lock).",
+        f"Reproduce: `{command}` (root, unshare(1), the runtime agent's source; takes the "
+        "machine-wide runtime-agent lock).",
     ]
     return "\n".join(_wrap(line) for line in lines) + "\n"
 
@@ -178,12 +169,16 @@ def _seconds(value: float | None) -> str:
 
 def replace_section(document: str, section: str) -> str:
     """`document` with its section under SECTION replaced by `section` (appended when absent);
-    the section runs to the next `## ` heading or the end."""
+    the section runs to the next `## ` heading, the next section's begin marker (`<!-- `, of
+    the sections other generators own) or the end."""
     lines = document.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
     if start is None:
         return document.rstrip("\n") + "\n\n" + section
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].startswith(("## ", "<!-- "))),
+        len(lines),
+    )
     tail = "".join(lines[end:])
     return "".join(lines[:start]) + section + ("\n" + tail if tail else "")
 

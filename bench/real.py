@@ -460,6 +460,33 @@ def to_json(report: RealReport) -> dict[str, Any]:
     }
 
 
+def _known(cls: type, record: Mapping[str, Any]) -> dict[str, Any]:
+    """`record`'s keys that are fields of the dataclass `cls` (the JSON adds derived ones)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in record.items() if k in names}
+
+
+def from_json(data: Mapping[str, Any]) -> RealReport:
+    """The report `to_json` wrote, for rendering the section again without running anything
+    (`--render-only`)."""
+    cold = data.get("cold")
+    return RealReport(
+        command=str(data["command"]),
+        commit=str(data["commit"]),
+        started=str(data["started"]),
+        load_before=tuple(data["load_before"]),  # type: ignore[arg-type]
+        load_after=tuple(data["load_after"]),  # type: ignore[arg-type]
+        lost=[LostResult(**_known(LostResult, r)) for r in data.get("lost", [])],
+        capacity=[CapacityResult(**_known(CapacityResult, c)) for c in data.get("capacity", [])],
+        cold=None if cold is None else RealColdResult(**_known(RealColdResult, cold)),
+        notes=list(data.get("notes", [])),
+        cpus=dict(data.get("cpus", {})),
+        lost_from=str(data.get("lost_measured_at", "")),
+        ab=[AbRun(**_known(AbRun, r)) for r in data.get("ab", [])],
+        finding=str(data.get("finding", "")),
+    )
+
+
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -480,16 +507,15 @@ def render(report: RealReport) -> str:
     lines = [
         "## 11. Against the real Compass Director (issue 26)",
         "",
-        f"Measured at commit `{report.commit}`, {report.started}, with `{report.command}`. "
-        f"Load average before {report.load_before[0]:.2f}, after {report.load_after[0]:.2f} "
-        "(1 min; the 2 cores were shared with other engineers' test runs).",
+        f"Commit `{report.commit}`, {report.started}, `{report.command}`; load average (1 min) "
+        f"{report.load_before[0]:.2f} before, {report.load_after[0]:.2f} after.",
         "",
     ]
     if report.cpus:
         lines += [
-            "CPU placement (affinity, `--cpus`): "
+            "CPU placement (`--cpus`), the same for every measurement: "
             + "; ".join(f"{who} on CPU {where}" for who, where in report.cpus.items())
-            + ". The capacity measurement and the cold start run with the same placement.",
+            + ".",
             "",
         ]
     if report.lost:
@@ -499,14 +525,14 @@ def render(report: RealReport) -> str:
             "",
             *(
                 [
-                    f"Not re-run here: measured at commit {report.lost_from}, kept as they were.",
+                    f"Not re-run: measured at commit {report.lost_from}.",
                     "",
                 ]
                 if report.lost_from
                 else []
             ),
-            f"Targets: 0 duplicates, ≤ {CALLS_TARGET:g} Director calls per runtime (every "
-            "operation, counted after the reconciler's sweeps).",
+            f"Targets: 0 duplicates, ≤ {CALLS_TARGET:g} Director calls per runtime (all "
+            "operations, after the reconciler's sweeps).",
             "",
             "| Director | N | connected | time to all | answers lost | registrations "
             "| duplicates | Director calls | calls / runtime | met |",
@@ -524,11 +550,9 @@ def render(report: RealReport) -> str:
         lines += [
             "### Director's own capacity here",
             "",
-            "`registerRuntime` then `requestOneTimeTokenForRuntime` per runtime, sent straight "
-            "to the gateway (no broker) by that many concurrent callers, the labels and tenants "
-            "the broker sends; the last row also makes the broker's look-ups before each "
-            "registration (by `kyma_runtime_id`, then `gardenerClusterName`), as it does for a "
-            "runtime it cannot prove new.",
+            "Pairs (`registerRuntime`, `requestOneTimeTokenForRuntime`) sent straight to the "
+            "gateway by that many callers, as the broker sends them; look-ups: the broker's "
+            "before registering a runtime it cannot prove new.",
             "",
             "| concurrent callers | calls per runtime | runtimes | seconds | runtimes / s "
             "| calls / s | errors | CPU busy | others' CPU-s | load after |",
@@ -549,9 +573,8 @@ def render(report: RealReport) -> str:
         lines += [
             f"### Cold start of N = {cold.n:,} through the broker",
             "",
-            f"One broker, `BROKER_DIRECTOR_MAX_CONCURRENCY={cold.broker_concurrency}`; the "
-            f"bound is N / {cold.pairs_per_second:.1f} pairs per second (Director's capacity "
-            "above at the broker's concurrency).",
+            f"One broker, `BROKER_DIRECTOR_MAX_CONCURRENCY={cold.broker_concurrency}`; bound = "
+            f"N / {cold.pairs_per_second:.1f} pairs/s (the capacity above at that concurrency).",
             "",
             "| figure | value | target | met |",
             "|---|---|---|---|",
@@ -605,7 +628,7 @@ def render(report: RealReport) -> str:
         ]
         if cold.admission:
             lines += [
-                "Broker admission gauges sampled once a second (mean / max): "
+                "Broker gauges, once a second (mean / max): "
                 + "; ".join(
                     f"`{k}` {v['mean']:g} / {v['max']:g}" for k, v in cold.admission.items()
                 )
@@ -619,8 +642,8 @@ def render(report: RealReport) -> str:
     if report.finding:
         lines += [report.finding.strip(), ""]
     lines += [
-        "Reproduce: `python -m bench.real --docs` (both scenarios; `--scenarios lost` or "
-        "`--scenarios real` for one; needs the real Director's source, docs/real-compass.md).",
+        "Reproduce: `python -m bench.real --docs` (`--scenarios lost` or `real` for one; needs "
+        "the real Director's source, docs/real-compass.md).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -629,9 +652,8 @@ def render_ab(runs: Sequence[AbRun]) -> list[str]:
     lines = [
         "### Interleaved runs compared (`--ab`)",
         "",
-        "Each row one `--scenarios real` run (its own capacity measurement and bound), in the "
-        "order they ran, one bench at a time; load is the 1-minute average before and after, "
-        "others' CPU-s what processes the bench did not start used during the cold start.",
+        "One `--scenarios real` run a row (its own capacity and bound), in the order they ran; "
+        "others' CPU-s: processes the bench did not start, during the cold start.",
         "",
         "| # | variant | commit | started | load | others' CPU-s | pairs / s | time to all "
         "| ratio | 503 capacity-booked | agent timeouts | tokens | duplicates |",
@@ -1202,7 +1224,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="an earlier --scenarios real run (its --out-dir) to show in a comparison of "
         "variants, repeatable, in the order they ran",
     )
-    add("--finding", type=Path, default=None, help="a file whose text ends the section")
+    add(
+        "--finding",
+        type=Path,
+        default=None,
+        help="a file whose text ends the section: one paragraph of what the figures show, "
+        "linking the design record that tells how it was found",
+    )
+    add(
+        "--render-only",
+        action="store_true",
+        help="run nothing: write sections 11-13 of docs/benchmarks.md again from "
+        "docs/benchmarks.json (after a change of their text; with --finding, a new finding)",
+    )
     add(
         "--cpus",
         default="auto",
@@ -1212,6 +1246,27 @@ def build_parser() -> argparse.ArgumentParser:
         "for the others (none with fewer than two CPUs); none: no affinity (default auto)",
     )
     return parser
+
+
+def render_docs(docs: Path, finding: str | None = None) -> None:
+    """Sections 11-13 of `docs`/benchmarks.md written again from the figures benchmarks.json
+    keeps for them; `finding`, if given, replaces the kept one in both files."""
+    md, path = docs / "benchmarks.md", docs / "benchmarks.json"
+    data = json.loads(path.read_text())
+    text = md.read_text()
+    if JSON_KEY in data:
+        report = from_json(data[JSON_KEY])
+        if finding is not None:
+            report.finding = finding
+            data[JSON_KEY] = to_json(report)
+        text = merge_section(text, render(report))
+    if slow.JSON_KEY in data:
+        text = slow.merge_section(text, slow.render(slow.from_json(data[slow.JSON_KEY])))
+    if sessions_cut.JSON_KEY in data:
+        runs = sessions_cut.from_json(data[sessions_cut.JSON_KEY])
+        text = sessions_cut.merge_section(text, sessions_cut.render(runs))
+    md.write_text(text)
+    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def merge_into_docs(report: RealReport, docs: Path) -> None:
@@ -1374,11 +1429,9 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
         kcp_cluster.stop()
     report.notes.append(
         f"`lost`: the simulator loses one registerRuntime answer in every "
-        f"{1 / LOST_RATIO:.1f} (its lost responses are counted: the bench arms one at a time as "
-        "registrations arrive); the real Director's gateway loses each "
-        f"answer with probability {LOST_RATIO}. Reconciler sweeps every {SWEEP_SECONDS:g} s "
-        f"(BROKER_SWEEP_INTERVAL_SECONDS), calls counted {SWEEPS_WAITED} sweeps after the last "
-        "runtime connected."
+        f"{1 / LOST_RATIO:.1f}, the real Director's gateway each with probability "
+        f"{LOST_RATIO}; sweeps every {SWEEP_SECONDS:g} s, calls counted {SWEEPS_WAITED} sweeps "
+        "after the last runtime connected."
     )
     save()
     return report
@@ -1387,6 +1440,9 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.render_only:
+        render_docs(REPO_ROOT / "docs", None if args.finding is None else args.finding.read_text())
+        return 0
     try:
         args.placement = split_cpus(os.sched_getaffinity(0), args.cpus)
     except ValueError as exc:

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from bench.results import MB, BenchReport, FleetRunResult, Plan
 
 LOOKUP, REGISTER, TOKEN = "runtimes", "registerRuntime", "requestOneTimeTokenForRuntime"
+# docs/design/: how the figures of the sections bench.real, bench.slow, bench.sessions_cut and
+# bench.handover write were found and what they show; each section links it in one line, so the
+# generated report holds figures and the method needed to read them.
+FINDINGS_RECORD = "0016-benchmark-findings-beside-the-report.md"
 
 # The targets of issue 10.
 ISSUE_SIZES = (1000, 5000)  # cold start and outage recovery must meet the ratio here

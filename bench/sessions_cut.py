@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bench.report import merge_marked_section
+from bench.report import FINDINGS_RECORD, merge_marked_section
 
 SECTION_BEGIN = "<!-- bench.sessions_cut: begin (python -m bench.real --scenarios cut) -->"
 SECTION_END = "<!-- bench.sessions_cut: end -->"
@@ -72,20 +72,18 @@ def render(runs: Sequence[CutRun]) -> str:
     lines = [
         "## 13. Director's database sessions cut during a cold start (issue 40)",
         "",
-        "A cold start of N runtimes through one broker against the real Director; once a "
-        "quarter of them is registered, every database session Director holds is ended "
-        "(`pg_terminate_backend`) every 0.5 s for 20 s. Director answers code 10 to writing "
-        "calls it may have committed; the broker treats such an answer as lost: it looks the "
-        "runtime up before registering again, once per uncertain answer "
+        "A cold start of N runtimes through one broker against the real Director; from a "
+        "quarter registered on, all of Director's database sessions are ended "
+        "(`pg_terminate_backend`) every 0.5 s for 20 s. An answer that may have been committed "
+        "(code 10) counts as lost: the broker looks the runtime up before registering again "
         "([broker.md](broker.md#what-an-error-answer-proves-was-not-written)). Registrations "
-        "and duplicates are counted in Director's own database; calls and tokens at the "
-        "gateway in front of Director.",
+        "from Director's database, calls and tokens at its gateway; a fault-free runtime costs "
+        f"2 calls and 1 token ([0016](design/{FINDINGS_RECORD})).",
         "",
-        "Reproduce: `python -m bench.real --scenarios cut --docs` (needs the real Director's "
-        "source, docs/real-compass.md).",
+        "Reproduce: `python -m bench.real --scenarios cut --docs` (docs/real-compass.md).",
         "",
         "| commit | started | N | connected | time to all | rounds / sessions ended "
-        "| registrations | duplicates | Director calls per runtime | tokens per runtime "
+        "| registrations | duplicates | calls / runtime | tokens / runtime "
         "| refused | calls | met |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -100,13 +98,6 @@ def render(runs: Sequence[CutRun]) -> str:
     notes = [r.note for r in runs if r.note]
     if notes:
         lines += ["", *(f"- {note}" for note in notes)]
-    lines += [
-        "",
-        "Without any fault a new runtime costs 2 Director calls (`registerRuntime`, "
-        "`requestOneTimeTokenForRuntime`) and 1 token; what is above that is the fault's price: "
-        "calls repeated after Director's refusals while its database was gone, and the "
-        "look-ups after uncertain answers.",
-    ]
     return "\n".join(lines)
 
 

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.report import merge_marked_section
+from bench.report import FINDINGS_RECORD, merge_marked_section
 
 SECTION_BEGIN = "<!-- bench.slow: begin (python -m bench --scenarios slow rewrites its row) -->"
 SECTION_END = "<!-- bench.slow: end -->"
@@ -309,7 +309,7 @@ def _s(value: float | None) -> str:
 
 
 def _attempts(attempts: dict[str, int]) -> str:
-    return ", ".join(f"{k}: {v:,}" for k, v in sorted(attempts.items(), key=lambda kv: -kv[1]))
+    return ", ".join(f"{k} {v:,}" for k, v in sorted(attempts.items(), key=lambda kv: -kv[1]))
 
 
 def render(runs: Sequence[SlowRun]) -> str:
@@ -317,20 +317,13 @@ def render(runs: Sequence[SlowRun]) -> str:
     lines = [
         "## 12. A slow Director: every call takes seconds (issue 35)",
         "",
-        "N runtimes start cold at once; each Director call takes a uniform random time in the "
-        "range shown, Director itself serves any number at once, so the broker's "
-        "`BROKER_DIRECTOR_MAX_CONCURRENCY` slots (S) are the limit. Targets: Director's calls in "
-        f"flight at or above {IN_FLIGHT_TARGET:.0%} of S in every second from the first call's "
-        "start while at least S runtimes still wait for their `registerRuntime` (so a free slot "
-        "means Director idles while work waits), and all connected within "
-        f"{RATIO_TARGET}x the bound N x 2 x L / S + L, L the mean duration of the run's Director "
-        "calls in Director's own log (2 calls per new runtime; the last token starts only after "
-        "its registration). In flight is read from Director's log: each call from its answer's "
-        "time less its duration, averaged per second. The real Director's gateway keeps no such "
-        "log: for it, in flight is the broker's `broker_director_calls_in_flight` sampled once a "
-        "second, L the broker's own estimate of a call (`broker_director_call_seconds_estimate`, "
-        "its median while calls were in flight), and the window ends 2 L before the "
-        "(N - S + 1)-th runtime got its token.",
+        "N runtimes start cold at once; each Director call takes a random time in the range "
+        "shown and Director serves any number at once, so the broker's S slots "
+        "(`BROKER_DIRECTOR_MAX_CONCURRENCY`) are the limit. Targets: calls in flight ≥ "
+        f"{IN_FLIGHT_TARGET:.0%} of S in every second while at least S runtimes wait for their "
+        f"registration, and all connected within {RATIO_TARGET}x the bound N x 2 x L / S + L "
+        "(L: the mean call). How in flight and L are measured: "
+        f"[0016](design/{FINDINGS_RECORD}).",
         "",
     ]
     if not runs:
@@ -349,7 +342,7 @@ def render(runs: Sequence[SlowRun]) -> str:
         f"seconds ≥ {IN_FLIGHT_TARGET:.0%}",
         "mean in flight",
         "Director calls",
-        "slot timeouts (incl. sent away)",
+        "slot timeouts",
         "duplicates",
         "met",
     ]
@@ -378,17 +371,15 @@ def render(runs: Sequence[SlowRun]) -> str:
     lines.append("")
     for r in runs:
         lines.append(
-            f"- {r.target}, {r.started}: window {r.window_from:.1f}-{r.window_to:.1f} s after the "
-            f"fleet's start; agent attempts {_attempts(r.attempts)}; calls held back for their "
-            f"deadline {r.late_calls}; load average {r.load[0]:.2f} before, {r.load[1]:.2f} after"
-            + (f"; {r.note}" if r.note else "")
-            + "."
+            f"- {r.target}, {r.started}: window {r.window_from:.1f}-{r.window_to:.1f} s; agent "
+            f"attempts {_attempts(r.attempts)}; held back for their deadline {r.late_calls}; load "
+            f"{r.load[0]:.2f} → {r.load[1]:.2f}" + (f"; {r.note}" if r.note else "") + "."
         )
     lines += [
         "",
-        "Reproduce: `python -m bench --scenarios slow` (the simulator; `--slow-n`, "
-        "`--slow-latency MIN-MAX`, `--broker-concurrency`); `python -m bench.real --scenarios "
-        "slow --docs` (the real Director behind its gateway). Each rewrites its own row here.",
+        "Reproduce: `python -m bench --scenarios slow` (simulator; `--slow-n`, `--slow-latency "
+        "MIN-MAX`, `--broker-concurrency`) or `python -m bench.real --scenarios slow --docs` "
+        "(real Director); each rewrites its own row.",
     ]
     return "\n".join(lines)
 

@@ -41,7 +41,7 @@ def test_the_section_names_the_figures_and_the_command() -> None:
     assert text.startswith(SECTION + "\n")
     assert "**1.00** (3 for 3)" in text
     assert "`python -m bench.handover --reconnects 3`" in text
-    assert "commit `abc`" in text
+    assert "Commit `abc`" in text
 
 
 def test_only_its_own_section_is_replaced() -> None:
@@ -70,4 +70,12 @@ def test_the_command_to_reproduce_names_the_settings() -> None:
     assert "anywhere in the real agent's resync cycle" in text
     assert all(
         len(line) <= 100 for line in render_section(run, "x").splitlines() if line[:1] != "|"
+    )
+
+
+def test_the_next_generators_marker_ends_the_section() -> None:
+    marker = "<!-- bench.sessions_cut: begin -->\n## 13. Cut\n"
+    before = "# B\n\n" + SECTION + "\nold\n\n" + marker
+    assert (
+        replace_section(before, SECTION + "\nnew\n") == "# B\n\n" + SECTION + "\nnew\n\n" + marker
     )

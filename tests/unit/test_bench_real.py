@@ -261,7 +261,7 @@ def test_lost_figures_not_measured_again_are_kept_with_the_commit_they_were_meas
     kept = real.to_json(again)
     assert kept["lost"] == data["lost"]
     assert real.kept_lost(kept) == (lost, measured)  # carried on as often as it is not re-run
-    assert "Not re-run here: measured at commit abc1234, 2026-12-06 05:00 UTC" in real.render(again)
+    assert "Not re-run: measured at commit abc1234, 2026-12-06 05:00 UTC." in real.render(again)
     assert real.kept_lost(None) == ([], "")
     assert real.kept_lost({"commit": "x", "lost": []}) == ([], "")
 
@@ -308,3 +308,23 @@ def test_interleaved_runs_are_compared_by_median_and_worst_ratio() -> None:
     assert saved["finding"] == "**Finding.** old wins."
     assert saved["ab"][0]["variant"] == "old"
     assert saved["ab_medians"]["old"]["median_ratio"] == 1.25
+
+
+def test_the_sections_are_rendered_again_from_the_json_alone(tmp_path: Path) -> None:
+    report = a_report()
+    report.ab = [real.ab_run("old", ab_data(30.0)), real.ab_run("new", ab_data(24.0))]
+    report.lost_from, report.cpus = "abc1234", {"Director": "0"}
+    report.finding = "**Finding.** old story."
+    saved = json.loads(json.dumps(real.to_json(report)))
+    assert real.from_json(saved) == report
+    (tmp_path / "benchmarks.md").write_text("# Bench\n\n## Notes\n\n- n\n")
+    (tmp_path / "benchmarks.json").write_text(json.dumps({"schema": 1, real.JSON_KEY: saved}))
+    real.render_docs(tmp_path, "**Finding.** a summary, [0016](design/0016-x.md).")
+    md = (tmp_path / "benchmarks.md").read_text()
+    assert "**Finding.** a summary" in md
+    assert "old story" not in md
+    assert "| time to all connected | 25.0 s (bound 20.0 s, 1.25x) | ≤ 1.25x | yes |" in md
+    assert md.endswith("## Notes\n\n- n\n")
+    data = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert data[real.JSON_KEY]["finding"].startswith("**Finding.** a summary")
+    assert data[real.JSON_KEY]["cold"] == saved["cold"]
