@@ -10,9 +10,14 @@ them the way a landscape does, with only the stand-ins docs/module.md names:
 - `Klm`: the manager process, reading modules from the registry;
 - `add_runtime`: what the provisioner gives KCP for one runtime (its kubeconfig Secret, the
   watcher's certificate Secret, the KCP Kyma);
-- `RolloutStandIn`: the Deployment status kube-controller-manager would write, which KLM reads
-  as the module state. With no kubelet here, readiness comes from the workload's own health
-  endpoint where one is given (the agent's `/readyz`), and is assumed for the rest.
+- `RolloutStandIn`: only for a runtime without a node: the Deployment status
+  kube-controller-manager would write, which KLM reads as the module state. With no kubelet,
+  readiness comes from the workload's own health endpoint where one is given (the agent's
+  `/readyz`), and is assumed for the rest.
+- `serve_watcher_image`: for a runtime with a real node (devenv.node), where the kubelet runs
+  KLM's skr-webhook and the controller-manager writes every Deployment's status: an image the
+  kubelet pulls from the registry under the watcher's name, since the real runtime-watcher image
+  is on a registry this machine cannot reach.
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ BETA_LABEL = "operator.kyma-project.io/beta"
 SKR_DOMAIN_ANNOTATION = "skr-domain"
 SKIP_RECONCILIATION_LABEL = "operator.kyma-project.io/skip-reconciliation"
 WEBHOOK_DEPLOYMENT = "skr-webhook"
+# KLM names skr-webhook's image `<registry>/<name>:<tag>` from its flags; the registry is ours,
+# where a kubelet pulls it (containerd speaks plain HTTP to a registry on 127.0.0.1).
+WATCHER_IMAGE_NAME = "runtime-watcher"
+WATCHER_IMAGE_TAG = "devenv"
 
 
 class KlmUnavailable(RuntimeError):
@@ -60,6 +69,7 @@ class KlmUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class KlmBuild:
     folder: Path
+    registry: Path  # our OCI registry's binary, built from this checkout's source
 
     @property
     def tree(self) -> Path:
@@ -68,10 +78,6 @@ class KlmBuild:
     @property
     def manager(self) -> Path:
         return self.tree / "bin" / "manager"
-
-    @property
-    def registry(self) -> Path:
-        return self.folder / "bin" / "ocm-registry"
 
     def kcp_crds(self) -> list[Path]:
         """KLM's own CRDs, and the cert-manager and Istio ones its caches need (the files KLM's
@@ -91,7 +97,8 @@ def find_klm() -> KlmBuild:
         raise KlmUnavailable(result.stderr.strip().splitlines()[-1])
     if result.returncode != 0:
         raise RuntimeError(f"{BUILD} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    return KlmBuild(Path(result.stdout.strip()))
+    folder, registry = result.stdout.split()
+    return KlmBuild(Path(folder), Path(registry))
 
 
 # -- the registry ------------------------------------------------------------------------------
@@ -127,23 +134,29 @@ class Registry:
     ) -> None:
         """The component version with `manifest` as its `resource` (KLM renders
         `raw-manifest`)."""
+        self._push(
+            f"{component}:{version}",
+            "push",
+            f"--component={component}",
+            f"--version={version}",
+            f"--manifest={manifest}",
+            f"--resource-name={resource}",
+        )
+
+    def push_image(self, archive: Path, reference: str) -> None:
+        """The one image of an OCI image layout archive as `reference` (REPO:TAG)."""
+        self._push(reference, "push-image", f"--archive={archive}", f"--reference={reference}")
+
+    def _push(self, what: str, command: str, *args: str) -> None:
         result = subprocess.run(
-            [
-                str(self.build.registry),
-                "push",
-                f"--registry={self.host}",
-                f"--component={component}",
-                f"--version={version}",
-                f"--manifest={manifest}",
-                f"--resource-name={resource}",
-            ],
+            [str(self.build.registry), command, f"--registry={self.host}", *args],
             capture_output=True,
             text=True,
             check=False,
-            timeout=60,
+            timeout=90,
         )
         if result.returncode != 0:
-            raise RuntimeError(f"push of {component}:{version} failed: {result.stderr.strip()}")
+            raise RuntimeError(f"push of {what} failed: {result.stderr.strip()}")
 
     def stop(self) -> None:
         if self._process is not None:
@@ -332,7 +345,9 @@ class Klm:
             str(self.build.manager),
             f"--kubeconfig={self.kcp.kubeconfig_path}",
             f"--oci-registry-host=http://{self.registry.host}",
-            "--skr-watcher-image-tag=devenv",
+            f"--skr-watcher-image-registry={self.registry.host}",
+            f"--skr-watcher-image-name={WATCHER_IMAGE_NAME}",
+            f"--skr-watcher-image-tag={WATCHER_IMAGE_TAG}",
             "--leader-elect=false",
             "--metrics-bind-address=127.0.0.1:0",
             f"--health-probe-bind-address=127.0.0.1:{health}",
@@ -409,6 +424,10 @@ class RolloutStandIn:
     `/readyz` answers 200); the others (KLM's skr-webhook, which has no process here) are taken
     as ready. The conditions follow the Deployment controller: Progressing stays True with
     `NewReplicaSetAvailable` once the rollout completed, Available follows the pods.
+
+    Only for a runtime with no node: where one runs, kube-controller-manager writes the status
+    from the kubelet's readiness probes, and a second writer would hide what it says, so `start`
+    refuses there.
     """
 
     skr: TestCluster
@@ -419,6 +438,11 @@ class RolloutStandIn:
     _completed: set[tuple[str, int]] = field(default_factory=set, repr=False)
 
     def start(self) -> None:
+        nodes = [str(n.metadata.name) for n in self.skr.core.list_node().items if n.metadata]
+        if nodes:
+            raise RuntimeError(
+                f"the runtime has a node ({', '.join(nodes)}): its status is real, no stand-in"
+            )
         self._thread = threading.Thread(target=self._run, name="rollout-stand-in", daemon=True)
         self._thread.start()
 
@@ -498,6 +522,19 @@ class Landscape:
 
     def add_runtime(self, skr: TestCluster, *, kyma: str, runtime_id: str) -> None:
         add_runtime(self.kcp, skr, self.watcher_ca, kyma=kyma, runtime_id=runtime_id)
+
+
+def serve_watcher_image(registry: Registry, archive: Path) -> str:
+    """`archive` (an OCI image layout of a program that runs until stopped, e.g. devenv.node's
+    pause image) pushed as the image KLM names for skr-webhook; returns that name.
+
+    For a runtime with a real node only: skr-webhook's manifest pulls its image `Always`, and KLM
+    holds the Kyma's SKRWebhook condition False (so the Kyma not Ready) until the Deployment has
+    a ready replica. The stand-in serves no webhook: KLM requeues on its own timer instead of on
+    the watcher's events. Without a node nothing pulls it (RolloutStandIn writes the status)."""
+    reference = f"{WATCHER_IMAGE_NAME}:{WATCHER_IMAGE_TAG}"
+    registry.push_image(archive, reference)
+    return f"{registry.host}/{reference}"
 
 
 @contextmanager

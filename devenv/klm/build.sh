@@ -2,11 +2,12 @@
 # Prints the folder that holds Kyma's real lifecycle-manager (KLM) built at the pinned commit,
 # building it first when needed: `<folder>/lifecycle-manager/` is the source tree with the
 # binary in `bin/manager` (KLM loads its watcher manifest from `../skr-webhook/` beside its
-# executable, and its CRDs are in `config/`), and `bin/ocm-registry` is our OCI registry that
+# executable, and its CRDs are in `config/`), and `bin/ocm-registry-<hash>` is our OCI registry that
 # holds a module as modulectl and `ocm transfer` lay it out (devenv/klm/ocmregistry).
-# Progress goes to stderr; stdout is only the folder.
+# Progress goes to stderr; stdout is the folder, then the registry's binary (its name carries the
+# hash of its source: checkouts at different commits share the cache, each uses its own).
 #
-#   build.sh                 build (or reuse) and print the folder
+#   build.sh                 build (or reuse) and print the folder and the registry
 #   build.sh --find-source   print the sources that would be used, build nothing
 #
 #   KLM_SRC=<path>   kyma-project/lifecycle-manager at the pinned commit: a tarball made with
@@ -74,8 +75,7 @@ find_sources() {
 klm_built() { [[ -x "$tree/bin/manager" ]] && is_klm "$tree"; }
 complete() { klm_built && [[ -x "$registry_bin" ]]; }
 
-# Both binaries at fixed names for the callers; the registry's name moves with its source.
-publish() { ln -sfn "$(basename "$registry_bin")" "$root/bin/ocm-registry"; echo "$root"; }
+publish() { printf '%s\n%s\n' "$root" "$registry_bin"; }
 
 if [[ "${1:-}" == "--find-source" ]]; then
   if complete; then echo "$root"; exit 0; fi
@@ -127,7 +127,7 @@ cp "$registry_src" "$tree/hack/compass-pull-ocm-registry/main.go"
 (cd "$tree" && go build -ldflags "-s -w" -o "$registry_bin.partial" ./hack/compass-pull-ocm-registry) \
   2> >(grep -v '^go: downloading' >&2)
 mv "$registry_bin.partial" "$registry_bin"
-# Registries built from earlier versions of the source are of no further use.
-find "$root/bin" -name 'ocm-registry-*' ! -name "$(basename "$registry_bin")" -delete
+# Registries of other sources may serve another checkout now; a week unbuilt, they serve none.
+find "$root/bin" -name 'ocm-registry-*' ! -name "$(basename "$registry_bin")" -mtime +7 -delete
 say "built in $((SECONDS - start))s"
 publish

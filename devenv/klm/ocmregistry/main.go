@@ -8,6 +8,9 @@
 //	    the component version NAME:V with FILE as its raw-manifest resource, at
 //	    HOST:PORT/component-descriptors/NAME:V (--resource-name: another name for it, a layout
 //	    KLM must refuse)
+//	ocm-registry push-image --registry HOST:PORT --archive FILE --reference REPO:TAG
+//	    the one image of an OCI image layout archive (devenv.node.images') at HOST:PORT/REPO:TAG,
+//	    for a kubelet on a real node to pull (lifecycle-manager's skr-webhook image)
 //
 // It is built inside lifecycle-manager's module (devenv/klm/build.sh), so the registry and
 // client are the go-containerregistry release lifecycle-manager pins.
@@ -32,6 +35,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -59,8 +63,10 @@ func main() {
 		err = serve(os.Args[2:])
 	case "push":
 		err = push(os.Args[2:])
+	case "push-image":
+		err = pushImage(os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q (serve or push)", os.Args[1])
+		err = fmt.Errorf("unknown command %q (serve, push or push-image)", os.Args[1])
 	}
 	if err != nil {
 		log.Fatalf("ocm-registry: %v", err)
@@ -218,6 +224,84 @@ func push(args []string) error {
 		return err
 	}
 	return remote.Put(ref, rawManifest(body), remote.WithContext(ctx))
+}
+
+func pushImage(args []string) error {
+	flags := flag.NewFlagSet("push-image", flag.ExitOnError)
+	host := flags.String("registry", "", "host:port of the registry")
+	archive := flags.String("archive", "", "an OCI image layout archive holding one image")
+	reference := flags.String("reference", "", "REPO:TAG to push it as")
+	_ = flags.Parse(args)
+	if *host == "" || *archive == "" || *reference == "" {
+		return errors.New("push-image needs --registry, --archive and --reference")
+	}
+	dir, err := os.MkdirTemp("", "ocm-registry-image-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := untar(*archive, dir); err != nil {
+		return err
+	}
+	index, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		return err
+	}
+	found, err := index.IndexManifest()
+	if err != nil {
+		return err
+	}
+	if len(found.Manifests) != 1 {
+		return fmt.Errorf("%s holds %d images, not one", *archive, len(found.Manifests))
+	}
+	image, err := index.Image(found.Manifests[0].Digest)
+	if err != nil {
+		return err
+	}
+	ref, err := name.ParseReference(*host+"/"+*reference, name.Insecure)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return remote.Write(ref, image, remote.WithContext(ctx))
+}
+
+// untar writes the archive's regular files under dir (an image layout has nothing else).
+func untar(archive, dir string) error {
+	file, err := os.Open(archive)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	reader := tar.NewReader(file)
+	for {
+		header, err := reader.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if header.Typeflag != tar.TypeReg {
+			continue
+		}
+		target := filepath.Join(dir, filepath.Clean("/"+header.Name))
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			return err
+		}
+		out, err := os.Create(target)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(out, reader) //nolint:gosec // an archive devenv wrote itself
+		if closeErr := out.Close(); err == nil {
+			err = closeErr
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 type rawManifest []byte

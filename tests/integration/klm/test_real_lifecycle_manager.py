@@ -15,43 +15,24 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from devenv import klm
 from devenv import kyma_module as km
 from tests.integration.agent.conftest import problem_reply, token_reply
-from tests.integration.klm.conftest import CONFIG, MODULE, Kcp, Runtime
+from tests.integration.klm.conftest import (
+    CONFIG,
+    INSTALL,
+    MODULE,
+    Kcp,
+    Runtime,
+    deployment,
+    enable_module,
+    module_ready,
+    runtime_object,
+    skr_kyma,
+)
 from tests.integration.waiting import eventually
-
-INSTALL = 90.0  # KLM's first reconcile of a new runtime on a loaded 2-core machine
-
-
-def skr_kyma(rt: Runtime) -> dict[str, Any] | None:
-    return runtime_object(rt, "kymas", "default")
-
-
-async def enable_module(rt: Runtime, module: str = MODULE) -> None:
-    """What the customer does: the module in the runtime's own Kyma, which KLM created."""
-    await eventually(lambda: skr_kyma(rt), what="KLM creating kyma-system/default", within=INSTALL)
-    rt.cluster.custom.patch_namespaced_custom_object(
-        *klm.OPERATOR,
-        klm.KYMA_NAMESPACE,
-        "kymas",
-        "default",
-        {"spec": {"modules": [{"name": module}]}},
-    )
-
-
-def deployment(rt: Runtime, name: str) -> client.V1Deployment | None:
-    try:
-        return client.AppsV1Api(rt.cluster.api_client).read_namespaced_deployment(
-            name, klm.KYMA_NAMESPACE
-        )
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
 
 
 def manifest_name(rt: Runtime) -> str:
@@ -167,18 +148,6 @@ def copied_source(rt: Runtime, kind: str) -> dict[str, Any]:
     return rt.kcp.template() if kind == "ModuleTemplate" else rt.kcp.release_meta()
 
 
-def runtime_object(rt: Runtime, plural: str, name: str) -> dict[str, Any] | None:
-    try:
-        found: dict[str, Any] = rt.cluster.custom.get_namespaced_custom_object(
-            *klm.OPERATOR, klm.KYMA_NAMESPACE, plural, name
-        )
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    return found
-
-
 def read_raw(rt: Runtime, obj: dict[str, Any]) -> dict[str, Any]:
     resource = DynamicClient(rt.cluster.api_client).resources.get(
         api_version=obj["apiVersion"], kind=obj["kind"]
@@ -186,15 +155,6 @@ def read_raw(rt: Runtime, obj: dict[str, Any]) -> dict[str, Any]:
     found = resource.get(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"))
     result: dict[str, Any] = found.to_dict()
     return result
-
-
-async def module_ready(rt: Runtime) -> None:
-    await eventually(
-        lambda: rt.module_state() == "Ready" and rt.kyma_state() == "Ready",
-        what="module and Kyma Ready",
-        within=INSTALL,
-        interval=0.5,
-    )
 
 
 async def test_a_failing_readyz_shows_in_the_module_state(runtime: Runtime) -> None:
