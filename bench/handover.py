@@ -100,17 +100,16 @@ def render_section(result: HandoverResult, command: str) -> str:
     lines = [
         SECTION,
         "",
-        "Issue 27: Director `requestOneTimeTokenForRuntime` calls per reconnect = 1.00 with the "
-        "real compass-runtime-agent (application-connector-manager 859cac3), ≥ 10 reconnects, "
-        "and the time from failure to `Synchronized`.",
+        "Issue 27: 1.00 Director tokens per reconnect with the real compass-runtime-agent "
+        "(application-connector-manager 859cac3), ≥ 10 reconnects; time to `Synchronized`.",
         "",
         f"Commit `{result.commit}` ({result.started}), sync period {result.sync_period:g} s "
         f"(`APP_CONTROLLER_SYNC_PERIOD`), minimal sync time {result.minimal_sync:g} s, our agent's "
         "defaults; "
         + ("complete" if result.complete else "**interrupted: partial figures**")
         + f", {result.wall_seconds / 60:.0f} min on 2 shared cores. A reconnect: the "
-        "CompassConnection deleted, the real agent fails with its spent token "
-        "(`ConnectionFailed`), our agent pulls one token and hands it over. "
+        "CompassConnection deleted, the real agent fails (`ConnectionFailed`), ours pulls a "
+        "token and hands it over. "
         + (
             "Failures after a random wait of up to one period, anywhere in the real agent's "
             "resync cycle."
@@ -143,11 +142,9 @@ def render_section(result: HandoverResult, command: str) -> str:
         )
         + ".",
         "",
-        "Why `Connected` takes the minimal sync time and `Synchronized` up to a sync period: "
-        f"[0016](design/{FINDINGS_RECORD}).",
+        f"Why the times are what they are: [0016](design/{FINDINGS_RECORD}).",
         "",
-        f"Reproduce: `{command}` (root, unshare(1), the runtime agent's source; takes the "
-        "machine-wide runtime-agent lock).",
+        f"Reproduce: `{command}` (root, unshare(1), the runtime agent's source).",
     ]
     return "\n".join(_wrap(line) for line in lines) + "\n"
 

@@ -507,13 +507,14 @@ def render(report: RealReport) -> str:
     lines = [
         "## 11. Against the real Compass Director (issue 26)",
         "",
-        f"Commit `{report.commit}`, {report.started}, `{report.command}`; load average (1 min) "
+        f"Commit `{report.commit}`, {report.started}, `{report.command}` (setup: "
+        "[real-compass.md](real-compass.md)); load average (1 min) "
         f"{report.load_before[0]:.2f} before, {report.load_after[0]:.2f} after.",
         "",
     ]
     if report.cpus:
         lines += [
-            "CPU placement (`--cpus`), the same for every measurement: "
+            "CPU placement (`--cpus`): "
             + "; ".join(f"{who} on CPU {where}" for who, where in report.cpus.items())
             + ".",
             "",
@@ -531,8 +532,7 @@ def render(report: RealReport) -> str:
                 if report.lost_from
                 else []
             ),
-            f"Targets: 0 duplicates, ≤ {CALLS_TARGET:g} Director calls per runtime (all "
-            "operations, after the reconciler's sweeps).",
+            f"Met: 0 duplicates, ≤ {CALLS_TARGET:g} calls per runtime after the sweeps.",
             "",
             "| Director | N | connected | time to all | answers lost | registrations "
             "| duplicates | Director calls | calls / runtime | met |",
@@ -550,9 +550,8 @@ def render(report: RealReport) -> str:
         lines += [
             "### Director's own capacity here",
             "",
-            "Pairs (`registerRuntime`, `requestOneTimeTokenForRuntime`) sent straight to the "
-            "gateway by that many callers, as the broker sends them; look-ups: the broker's "
-            "before registering a runtime it cannot prove new.",
+            "Pairs (`registerRuntime`, `requestOneTimeTokenForRuntime`) straight to the gateway; "
+            "look-ups as the broker's for a runtime it cannot prove new.",
             "",
             "| concurrent callers | calls per runtime | runtimes | seconds | runtimes / s "
             "| calls / s | errors | CPU busy | others' CPU-s | load after |",
@@ -641,19 +640,15 @@ def render(report: RealReport) -> str:
         lines += render_ab(report.ab)
     if report.finding:
         lines += [report.finding.strip(), ""]
-    lines += [
-        "Reproduce: `python -m bench.real --docs` (`--scenarios lost` or `real` for one; needs "
-        "the real Director's source, docs/real-compass.md).",
-    ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def render_ab(runs: Sequence[AbRun]) -> list[str]:
     lines = [
         "### Interleaved runs compared (`--ab`)",
         "",
-        "One `--scenarios real` run a row (its own capacity and bound), in the order they ran; "
-        "others' CPU-s: processes the bench did not start, during the cold start.",
+        "One `--scenarios real` run a row, in the order they ran; others' CPU-s: processes the "
+        "bench did not start.",
         "",
         "| # | variant | commit | started | load | others' CPU-s | pairs / s | time to all "
         "| ratio | 503 capacity-booked | agent timeouts | tokens | duplicates |",

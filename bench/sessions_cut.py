@@ -72,15 +72,12 @@ def render(runs: Sequence[CutRun]) -> str:
     lines = [
         "## 13. Director's database sessions cut during a cold start (issue 40)",
         "",
-        "A cold start of N runtimes through one broker against the real Director; from a "
-        "quarter registered on, all of Director's database sessions are ended "
-        "(`pg_terminate_backend`) every 0.5 s for 20 s. An answer that may have been committed "
-        "(code 10) counts as lost: the broker looks the runtime up before registering again "
-        "([broker.md](broker.md#what-an-error-answer-proves-was-not-written)). Registrations "
-        "from Director's database, calls and tokens at its gateway; a fault-free runtime costs "
-        f"2 calls and 1 token ([0016](design/{FINDINGS_RECORD})).",
-        "",
-        "Reproduce: `python -m bench.real --scenarios cut --docs` (docs/real-compass.md).",
+        "N runtimes start cold against the real Director; from a quarter registered on, all its "
+        "database sessions are ended (`pg_terminate_backend`) every 0.5 s for 20 s. The broker "
+        "looks a runtime up after an answer that may have been committed "
+        "([broker.md](broker.md#what-an-error-answer-proves-was-not-written)). Without the "
+        f"fault a runtime costs 2 calls and 1 token ([0016](design/{FINDINGS_RECORD})). "
+        "Reproduce: `python -m bench.real --scenarios cut --docs`.",
         "",
         "| commit | started | N | connected | time to all | rounds / sessions ended "
         "| registrations | duplicates | calls / runtime | tokens / runtime "

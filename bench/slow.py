@@ -317,12 +317,10 @@ def render(runs: Sequence[SlowRun]) -> str:
     lines = [
         "## 12. A slow Director: every call takes seconds (issue 35)",
         "",
-        "N runtimes start cold at once; each Director call takes a random time in the range "
-        "shown and Director serves any number at once, so the broker's S slots "
-        "(`BROKER_DIRECTOR_MAX_CONCURRENCY`) are the limit. Targets: calls in flight ≥ "
-        f"{IN_FLIGHT_TARGET:.0%} of S in every second while at least S runtimes wait for their "
-        f"registration, and all connected within {RATIO_TARGET}x the bound N x 2 x L / S + L "
-        "(L: the mean call). How in flight and L are measured: "
+        "N runtimes start cold; each Director call takes a random time in the range shown, "
+        "any number at once, so the broker's S slots are the limit. Targets: calls in flight "
+        f"≥ {IN_FLIGHT_TARGET:.0%} of S every second while S runtimes wait to register; all "
+        f"connected within {RATIO_TARGET}x N x 2 x L / S + L (L: the mean call). Method: "
         f"[0016](design/{FINDINGS_RECORD}).",
         "",
     ]
@@ -371,15 +369,14 @@ def render(runs: Sequence[SlowRun]) -> str:
     lines.append("")
     for r in runs:
         lines.append(
-            f"- {r.target}, {r.started}: window {r.window_from:.1f}-{r.window_to:.1f} s; agent "
-            f"attempts {_attempts(r.attempts)}; held back for their deadline {r.late_calls}; load "
+            f"- {r.target}, {r.started}: window {r.window_from:.1f}-{r.window_to:.1f} s; attempts "
+            f"{_attempts(r.attempts)}; held back for their deadline {r.late_calls}; load "
             f"{r.load[0]:.2f} → {r.load[1]:.2f}" + (f"; {r.note}" if r.note else "") + "."
         )
     lines += [
         "",
-        "Reproduce: `python -m bench --scenarios slow` (simulator; `--slow-n`, `--slow-latency "
-        "MIN-MAX`, `--broker-concurrency`) or `python -m bench.real --scenarios slow --docs` "
-        "(real Director); each rewrites its own row.",
+        "Reproduce: `python -m bench --scenarios slow` (simulator) or `python -m bench.real "
+        "--scenarios slow --docs` (real Director); each rewrites its own row.",
     ]
     return "\n".join(lines)
 
