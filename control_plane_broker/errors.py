@@ -9,6 +9,7 @@
     │   ├── RegistrationBusy        503  another replica holds the registration claim
     │   ├── NotReady                503  the Kyma cache has not synced yet
     │   ├── ControlPlaneUnavailable 503  the KCP API server could not be reached
+    │   │   └── RuntimeApiSilent    503  a runtime's API server gave no answer in its timeout
     │   ├── RuntimeKubeconfigInvalid 503 the runtime's kubeconfig Secret in KCP breaks our rules
     │   ├── InternalError           503  a bug in the broker (logged); never a bare 500
     │   ├── CallerGone              503  the caller hung up before it was served or got a token
@@ -108,6 +109,13 @@ class ControlPlaneUnavailable(TemporaryError):
     slug = "control-plane-unavailable"
     status = 503
     title = "The control plane API server is unavailable"
+
+
+class RuntimeApiSilent(ControlPlaneUnavailable):
+    """A runtime's API server gave no answer at all (a timeout, a connection that failed) to the
+    identity check: what that check's time measured is the server, not how fast the broker
+    checks (the first-contact limit leaves it out of its rate, docs/design/0004). The answer is
+    the same as its parent's."""
 
 
 class RuntimeKubeconfigInvalid(TemporaryError):

@@ -36,11 +36,12 @@ from control_plane_broker.errors import (
     NotReady,
     RateLimited,
 )
-from control_plane_broker.identity.verifier import Verifier
+from control_plane_broker.identity.verifier import IdentityChecked, Verifier, prove
 from control_plane_broker.kyma import LABEL_SUBACCOUNT, KymaView
 from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.overload.director_limiter import CallerPresent, DirectorLimiter
 from control_plane_broker.overload.rate_limit import RateLimiter
+from control_plane_broker.overload.reservations import Reservation
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.registration import state
 from control_plane_broker.registration.service import Registered, RegistrationService
@@ -114,7 +115,7 @@ class TokenIssuer:
         headers: Mapping[str, str],
         *,
         caller_present: CallerPresent | None = None,
-        identity_checked: Callable[[], None] | None = None,
+        identity_checked: IdentityChecked | None = None,
         arrived_at: float | None = None,
     ) -> IssuedToken:
         """`caller_present` tells whether the caller still waits (the HTTP connection is open).
@@ -122,10 +123,11 @@ class TokenIssuer:
         loop reaches some only after their agents' timeout; proving their identity would fetch
         keys for nobody); a registration already begun goes on without the caller (the next
         request needs only the token); a token is requested only for a caller still there.
-        `identity_checked` is called once the identity check is over, passed or not: the
+        `identity_checked` is told once the identity check is over, passed or not: the
         first-contact limit in front of the app (`api/first_contact_middleware.py`) lets the next
-        first contact in. `arrived_at` (this issuer's clock): when the request reached the
-        broker; its deadline counts from then (default: now)."""
+        first contact in (`identity.verifier.prove`). `arrived_at` (this issuer's clock): when
+        the request reached the broker; its deadline, which its reservation carries to each of
+        its Director calls, counts from then (default: now)."""
         deadline = (
             self._clock() if arrived_at is None else arrived_at
         ) + self._settings.request_deadline_seconds
@@ -135,11 +137,9 @@ class TokenIssuer:
         if caller_present is not None and not await caller_present():
             raise CallerGone("the caller hung up before its request was served")
         # Identity before existence: who cannot prove to be this runtime learns nothing about it.
-        try:
-            identity = await self._verifier.verify(runtime_id=runtime_id, headers=headers)
-        finally:
-            if identity_checked is not None:
-                identity_checked()
+        identity = await prove(
+            self._verifier, runtime_id=runtime_id, headers=headers, checked=identity_checked
+        )
         self._gate.check(kyma_name, identity, endpoint="token")
         kyma = check_token_allowed(
             self._cache.get(kyma_name),
@@ -153,20 +153,36 @@ class TokenIssuer:
         if refused is not None:
             raise refused
         known = self._registration.known(kyma)
-        calls = 1 if known else 2
-        self._director_limiter.refuse_if_open(kyma.name, calls=calls)
-        self._director_limiter.reserve(kyma.name, calls=calls, deadline=deadline)
-        registered = known or await self._register(kyma)
+        reservation = self._director_limiter.reserve(
+            kyma.name, calls=1 if known else 2, deadline=deadline
+        )
+        try:
+            return await self._reserved(kyma, known, reservation, caller_present)
+        finally:
+            self._director_limiter.finish(reservation)
+
+    async def _reserved(
+        self,
+        kyma: KymaView,
+        known: Registered | None,
+        reservation: Reservation,
+        caller: CallerPresent | None,
+    ) -> IssuedToken:
+        """The request's Director calls, on its `reservation`: register (unless `known`), then
+        the token; a known runtime Director shows gone is registered again, once."""
+        registered = known or await self._register(kyma, reservation=reservation)
         try:
             try:
-                ott = await self._token(registered, follow_up=known is None, caller=caller_present)
+                ott = await self._token(
+                    registered, reservation, follow_up=known is None, caller=caller
+                )
             except DirectorPermanent as exc:
                 if known is None or isinstance(exc, DirectorTenantUnknown):
                     raise
-                if not await self._registration.is_gone(known):
+                if not await self._registration.is_gone(known, reservation=reservation):
                     raise
-                registered = await self._register_lost(kyma, known)
-                ott = await self._token(registered, follow_up=True, caller=caller_present)
+                registered = await self._register_lost(kyma, known, reservation)
+                ott = await self._token(registered, reservation, follow_up=True, caller=caller)
         except (CompassUnavailable, CompassRejected) as exc:
             await self._failed_later(
                 kyma, "TokenIssued", "TokenRequestFailed", exc, director_labels=registered.labels
@@ -225,27 +241,39 @@ class TokenIssuer:
             )
 
     async def _token(
-        self, registered: Registered, *, follow_up: bool, caller: CallerPresent | None
+        self,
+        registered: Registered,
+        reservation: Reservation,
+        *,
+        follow_up: bool,
+        caller: CallerPresent | None,
     ) -> OneTimeToken:
         return await self._director.request_one_time_token(
             tenant=registered.tenant,
             runtime_id=registered.compass_id,
+            reservation=reservation,
             follow_up=follow_up,
             caller_present=caller,
         )
 
-    async def _register_lost(self, kyma: KymaView, lost: Registered) -> Registered:
+    async def _register_lost(
+        self, kyma: KymaView, lost: Registered, reservation: Reservation
+    ) -> Registered:
         """Director no longer has the runtime recorded for this Kyma (unregistered behind our
         back): forget it and register the runtime again. Of several replicas (or requests) that
         notice at once, one forgets and registers; the others adopt what it records."""
         fresh, forgotten = await self._registration.forget(kyma.name, lost.compass_id)
         if forgotten:
             await self._status.runtime_lost(kyma=kyma, compass_id=lost.compass_id)
-        return await self._register(kyma, fresh=fresh)
+        return await self._register(kyma, reservation=reservation, fresh=fresh)
 
-    async def _register(self, kyma: KymaView, *, fresh: state.Mapping | None = None) -> Registered:
+    async def _register(
+        self, kyma: KymaView, *, reservation: Reservation, fresh: state.Mapping | None = None
+    ) -> Registered:
         try:
-            return await self._registration.ensure_registered(kyma, fresh=fresh)
+            return await self._registration.ensure_registered(
+                kyma, fresh=fresh, reservation=reservation
+            )
         except (CompassUnavailable, CompassRejected) as exc:
             await self._failed_later(kyma, "Registered", "RegistrationFailed", exc)
             raise

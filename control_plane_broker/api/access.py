@@ -16,7 +16,6 @@ which at thousands of requests per second is most of a 503's price.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import re
 import time
@@ -66,20 +65,21 @@ def upstream_cause(exc: BaseException) -> str | None:
     return None
 
 
+NOTE_KEY = "compass.access_note"  # scope key: what the app tells the access log
+
+
 @dataclass
 class _Note:
-    """What the app tells the access log about the answer (one per request)."""
+    """What the app tells the access log about the answer (one per request), through the ASGI
+    scope: the middlewares in between pass the same object on, also in a copy of the scope."""
 
     problem: str | None = None
 
 
-_note: contextvars.ContextVar[_Note | None] = contextvars.ContextVar("access_note", default=None)
-
-
-def note_problem(slug: str) -> None:
+def note_problem(scope: Scope, slug: str) -> None:
     """Called where a problem answer is made: its type goes into the access line."""
-    note = _note.get()
-    if note is not None:
+    note = scope.get(NOTE_KEY)
+    if isinstance(note, _Note):
         note.problem = slug
 
 
@@ -101,8 +101,8 @@ class AccessLog:
                 break
         request_id = request_id_from(offered)
         note = _Note()
+        scope[NOTE_KEY] = note
         bound = logs.bind_request_id(request_id)
-        noted = _note.set(note)
 
         async def send_and_note(message: Message) -> None:
             nonlocal status, retry_after
@@ -136,5 +136,4 @@ class AccessLog:
                     **({"retry_after": retry_after} if retry_after is not None else {}),
                 },
             )
-            _note.reset(noted)
             logs.unbind_request_id(bound)

@@ -32,10 +32,7 @@ from pydantic import (
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from control_plane_broker.api.access import AccessLog, note_problem, upstream_cause
-from control_plane_broker.api.first_contact_middleware import (
-    arrived_at,
-    release_first_contact_place,
-)
+from control_plane_broker.api.first_contact_middleware import arrived_at, identity_checked
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for, type_uri
 from control_plane_broker.connections.report_rules import Report
 from control_plane_broker.connections.report_service import ConnectionReporter
@@ -261,7 +258,6 @@ def problem_response(
     exc: BrokerError, path: str, *, jitter_max: float, rand: Jitter
 ) -> JSONResponse:
     p = problem_for(exc, instance=path, jitter_max=jitter_max, rand=rand)
-    note_problem(exc.slug)
     cause = upstream_cause(exc)
     if cause is not None:
         # The answer says "unavailable"; the operator needs which server and why.
@@ -269,11 +265,14 @@ def problem_response(
     return JSONResponse(p.body, status_code=p.status, headers=p.headers, media_type=MEDIA_TYPE)
 
 
+def routing_slug(exc: StarletteHTTPException) -> str:
+    return {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+
+
 def routing_problem(exc: StarletteHTTPException, path: str) -> JSONResponse:
     """Routing errors (no such path, e.g. a runtime ID with a slash; wrong method) leave as
     problems too, so every error a client sees has one shape."""
-    slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
-    note_problem(slug)
+    slug = routing_slug(exc)
     body = {
         "type": type_uri(slug),
         "title": str(exc.detail),
@@ -324,6 +323,7 @@ def add_problem_handlers(
     """Every error leaves as a problem: the broker's own, validation, routing, and bugs."""
 
     def problem(exc: BrokerError, request: Request) -> JSONResponse:
+        note_problem(request.scope, exc.slug)
         return problem_response(exc, request.url.path, jitter_max=jitter_max, rand=rand)
 
     @app.exception_handler(BrokerError)
@@ -346,6 +346,7 @@ def add_problem_handlers(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        note_problem(request.scope, routing_slug(exc))
         return routing_problem(exc, request.url.path)
 
     @app.exception_handler(Exception)
@@ -377,7 +378,7 @@ def add_token_route(app: FastAPI, *, issuer: TokenIssuer, metrics: Metrics) -> N
                     runtimeID,
                     headers,
                     caller_present=_still_connected(request),
-                    identity_checked=release_first_contact_place(request.scope),
+                    identity_checked=identity_checked(request.scope, give_place_up=True),
                     arrived_at=arrived_at(request.scope),
                 )
             except BrokerError as exc:
@@ -427,7 +428,12 @@ def add_connection_route(app: FastAPI, *, reporter: ConnectionReporter, metrics:
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             report = await read_report(request)
-            written = await reporter.report(runtimeID, headers, report)
+            written = await reporter.report(
+                runtimeID,
+                headers,
+                report,
+                identity_checked=identity_checked(request.scope, give_place_up=False),
+            )
         except BrokerError as exc:
             metrics.connection_reports.labels(exc.slug).inc()
             raise

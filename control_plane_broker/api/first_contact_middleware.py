@@ -2,10 +2,12 @@
 runtimes the broker has not proven recently come into the app `capacity` at a time.
 
 It parks those requests in arrival order, before FastAPI, where a parked request costs a task
-and a few frames and no CPU. A token request gives its place up as soon as its identity check is
-over (`release_first_contact_place` in the scope, called by the use case), not when its answer
-is sent (a connection report, which never waits for Director, at its end): an admitted request
-may then wait for Director's capacity for seconds without holding a place.
+and a few frames and no CPU. The place a request holds is in its ASGI scope
+(`FirstContactHold`); the use case is told when the identity check is over (`identity_checked`,
+given by the route): a token request gives its place up then, not when its answer is sent (a
+connection report, which never waits for Director, at its end), so a request with a reservation
+may wait for Director's capacity for seconds without holding a place; a check that ended because
+a runtime's API server did not answer is not measured, whichever the endpoint.
 
 Runtimes proven recently (`is_known`) are not limited: checking them needs no network, and among
 them are the agents coming back at their reservation, which must not queue behind the herd of
@@ -39,10 +41,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from control_plane_broker.api.access import note_problem
 from control_plane_broker.api.problems import MEDIA_TYPE, problem_for
 from control_plane_broker.errors import FirstContactsBusy
-from control_plane_broker.overload import first_contact_limit
+from control_plane_broker.identity.verifier import IdentityChecked
 from control_plane_broker.overload.first_contact_limit import FirstContactLimit
 
-RELEASE_KEY = "compass.release_first_contact_place"  # scope key: gives the place up
+HOLD_KEY = "compass.first_contact_hold"  # scope key: the place the request holds
 ARRIVED_KEY = "compass.arrived_at"  # scope key: when the request reached the broker (monotonic)
 _RUNTIME_PATH = re.compile(r"^/v1/runtimes/([^/]{1,64})/(?:token|connection)$")
 
@@ -53,10 +55,42 @@ def arrived_at(scope: Scope) -> float | None:
     return arrived if isinstance(arrived, float) else None
 
 
+@dataclass(frozen=True)
+class FirstContactHold:
+    """A request's place at the first-contact limit, as the app behind it sees it."""
+
+    release: Callable[[], None]  # gives the place up (once: later calls do nothing)
+    discount: Callable[[], None]  # its hold ended in a runtime's timeout: not a measure
+
+
+def first_contact_hold(scope: Scope) -> FirstContactHold | None:
+    """The place this request holds (None: it held none)."""
+    hold = scope.get(HOLD_KEY)
+    return hold if isinstance(hold, FirstContactHold) else None
+
+
 def release_first_contact_place(scope: Scope) -> Callable[[], None] | None:
     """The callable that gives this request's place up (None: it held none)."""
-    release = scope.get(RELEASE_KEY)
-    return release if callable(release) else None
+    hold = first_contact_hold(scope)
+    return hold.release if hold is not None else None
+
+
+def identity_checked(scope: Scope, *, give_place_up: bool) -> IdentityChecked | None:
+    """What the use case tells once the request's identity check is over: a check that timed
+    out is left out of the measured rate (docs/design/0004); with `give_place_up` the place is
+    given up then (a token request), otherwise at the request's end (a connection report).
+    None when the request holds no place."""
+    hold = first_contact_hold(scope)
+    if hold is None:
+        return None
+
+    def checked(*, timed_out: bool) -> None:
+        if timed_out:
+            hold.discount()
+        if give_place_up:
+            hold.release()
+
+    return checked
 
 
 @dataclass
@@ -189,11 +223,10 @@ class FirstContactLimitMiddleware:
                 self._places.release()
                 release_share()
 
-        hold = first_contact_limit.track_hold(discount)
+        hold = FirstContactHold(release=release, discount=discount)
         try:
-            await self._app({**scope, RELEASE_KEY: release}, receive, send)
+            await self._app({**scope, HOLD_KEY: hold}, receive, send)
         finally:
-            first_contact_limit.untrack_hold(hold)
             release()
 
     async def _refuse(self, scope: Scope, send: Send, wait: float) -> None:
@@ -203,7 +236,7 @@ class FirstContactLimitMiddleware:
             retry_after=wait,
         )
         problem = problem_for(busy, instance=path, jitter_max=0.0, rand=random.random)
-        note_problem(busy.slug)
+        note_problem(scope, busy.slug)
         body = json.dumps(problem.body).encode()
         headers = [
             (b"content-type", MEDIA_TYPE.encode()),

@@ -29,7 +29,7 @@ from control_plane_broker.errors import (
     RateLimited,
     RuntimeNotRegistered,
 )
-from control_plane_broker.identity.verifier import Verifier
+from control_plane_broker.identity.verifier import IdentityChecked, Verifier, prove
 from control_plane_broker.issuing import KymaReader
 from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.overload.rate_limit import RateLimiter
@@ -83,12 +83,22 @@ class ConnectionReporter:
     def next_report_after(self) -> int:
         return self._settings.report_interval_seconds
 
-    async def report(self, runtime_id: str, headers: Mapping[str, str], report: Report) -> bool:
-        """Records `report`; returns whether the mapping was written."""
+    async def report(
+        self,
+        runtime_id: str,
+        headers: Mapping[str, str],
+        report: Report,
+        *,
+        identity_checked: IdentityChecked | None = None,
+    ) -> bool:
+        """Records `report`; returns whether the mapping was written. `identity_checked`: as
+        for a token (`issuing.TokenIssuer.issue`)."""
         kyma_name = validate_runtime_id(runtime_id)
         if not self._cache.synced:
             raise NotReady("the Kyma cache has not synced yet", retry_after=2)
-        identity = await self._verifier.verify(runtime_id=runtime_id, headers=headers)
+        identity = await prove(
+            self._verifier, runtime_id=runtime_id, headers=headers, checked=identity_checked
+        )
         self._gate.check(kyma_name, identity, endpoint="connection")
         kyma = check_token_allowed(
             self._cache.get(kyma_name),

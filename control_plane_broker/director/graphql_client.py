@@ -1,11 +1,11 @@
 """A typed async Director client: one GraphQL POST per operation, OAuth and `Tenant` on each.
 
 Holds: every call goes through the Director limiter (breaker, capacity schedule, concurrency
-limit); every failure leaves as `DirectorRetryable` or `DirectorPermanent` (see
-`director.classification`), and says whether it may have written; a mutation's answer that
-carries its data next to errors in fields resolved after the commit is the mutation's result;
-every answer to a writing call that may have written is told to `on_uncertain`; tokens are
-never logged.
+limit), with the reservation of the request it belongs to when it belongs to one; every failure
+leaves as `DirectorRetryable` or `DirectorPermanent` (see `director.classification`), and says
+whether it may have written; a mutation's answer that carries its data next to errors in fields
+resolved after the commit is the mutation's result; every answer to a writing call that may have
+written is told to `on_uncertain`; tokens are never logged.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from control_plane_broker.director.classification import (
 )
 from control_plane_broker.director.oauth import OAuthTokenSource
 from control_plane_broker.overload.director_limiter import CallerPresent, DirectorLimiter
+from control_plane_broker.overload.reservations import Reservation
 from kubeapi import describe_transport_error
 
 # httpx errors raised before any byte of the request left: nothing reached Director.
@@ -68,11 +69,11 @@ class DirectorApi(Protocol):
     """What the rest of the broker calls on Director: `DirectorClient`, or a test double."""
 
     async def runtimes_by_label(
-        self, *, tenant: str, key: str, value: str
+        self, *, tenant: str, key: str, value: str, reservation: Reservation | None = None
     ) -> list[DirectorRuntime]: ...
 
     async def register_runtime(
-        self, *, tenant: str, spec: RuntimeRegisterInput
+        self, *, tenant: str, spec: RuntimeRegisterInput, reservation: Reservation | None = None
     ) -> DirectorRuntime: ...
 
     async def unregister_runtime(self, *, tenant: str, runtime_id: str) -> bool: ...
@@ -82,6 +83,7 @@ class DirectorApi(Protocol):
         *,
         tenant: str,
         runtime_id: str,
+        reservation: Reservation | None = None,
         follow_up: bool = False,
         caller_present: CallerPresent | None = None,
     ) -> OneTimeToken: ...
@@ -90,7 +92,9 @@ class DirectorApi(Protocol):
         self, *, tenant: str, runtime_id: str, key: str, value: Any
     ) -> None: ...
 
-    async def runtime(self, *, tenant: str, runtime_id: str) -> DirectorRuntime | None: ...
+    async def runtime(
+        self, *, tenant: str, runtime_id: str, reservation: Reservation | None = None
+    ) -> DirectorRuntime | None: ...
 
 
 class DirectorClient:
@@ -119,12 +123,14 @@ class DirectorClient:
         tenant: str,
         operation: str,
         subject: str,
+        reservation: Reservation | None = None,
         follow_up: bool = False,
         then: int = 0,
         caller_present: CallerPresent | None = None,
     ) -> dict[str, Any]:
         """`subject`: the runtime the call is about (its Compass ID, name or label value), so
-        the breaker can tell one runtime's internal errors from Director's."""
+        the breaker can tell one runtime's internal errors from Director's. `reservation`: the
+        request's the call belongs to (`DirectorLimiter.call`)."""
 
         async def attempt() -> dict[str, Any]:
             for second_try in (False, True):
@@ -156,6 +162,7 @@ class DirectorClient:
         try:
             return await self._limiter.call(
                 attempt,
+                reservation=reservation,
                 subject=subject,
                 follow_up=follow_up,
                 then=then,
@@ -208,7 +215,7 @@ class DirectorClient:
         return data
 
     async def runtimes_by_label(
-        self, *, tenant: str, key: str, value: str
+        self, *, tenant: str, key: str, value: str, reservation: Reservation | None = None
     ) -> list[DirectorRuntime]:
         found: list[DirectorRuntime] = []
         after: str | None = None
@@ -223,6 +230,7 @@ class DirectorClient:
                 tenant=tenant,
                 operation="runtimes",
                 subject=value,
+                reservation=reservation,
             )
             page = parse_field(data, "runtimes", RuntimePage, "runtimes")
             found.extend(page.data)
@@ -231,13 +239,16 @@ class DirectorClient:
             after = page.page_info.end_cursor
         raise DirectorPermanent("runtimes: more pages than any Kyma runtime can have")
 
-    async def register_runtime(self, *, tenant: str, spec: RuntimeRegisterInput) -> DirectorRuntime:
+    async def register_runtime(
+        self, *, tenant: str, spec: RuntimeRegisterInput, reservation: Reservation | None = None
+    ) -> DirectorRuntime:
         data = await self._execute(
             docs.REGISTER_RUNTIME,
             {"in": spec.model_dump(exclude_none=True)},
             tenant=tenant,
             operation="registerRuntime",
             subject=spec.name,
+            reservation=reservation,
             then=1,  # the token of the request that registers
         )
         return parse_field(data, "registerRuntime", DirectorRuntime, "registerRuntime")
@@ -261,6 +272,7 @@ class DirectorClient:
         *,
         tenant: str,
         runtime_id: str,
+        reservation: Reservation | None = None,
         follow_up: bool = False,
         caller_present: CallerPresent | None = None,
     ) -> OneTimeToken:
@@ -274,6 +286,7 @@ class DirectorClient:
             tenant=tenant,
             operation=op,
             subject=runtime_id,
+            reservation=reservation,
             follow_up=follow_up,
             caller_present=caller_present,
         )
@@ -290,7 +303,9 @@ class DirectorClient:
             subject=runtime_id,
         )
 
-    async def runtime(self, *, tenant: str, runtime_id: str) -> DirectorRuntime | None:
+    async def runtime(
+        self, *, tenant: str, runtime_id: str, reservation: Reservation | None = None
+    ) -> DirectorRuntime | None:
         """The runtime, or None when Director has no such runtime in this tenant."""
         data = await self._execute(
             docs.RUNTIME_BY_ID,
@@ -298,6 +313,7 @@ class DirectorClient:
             tenant=tenant,
             operation="runtime",
             subject=runtime_id,
+            reservation=reservation,
         )
         if data.get("runtime") is None:
             return None

@@ -29,11 +29,10 @@ import httpx
 import jwt
 
 from control_plane_broker.capped import KIB, BodyTooLarge, read_capped
-from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
+from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven, RuntimeApiSilent
 from control_plane_broker.identity import claims, issuer_discovery
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.kube.runtime_access import RuntimeAccess
-from control_plane_broker.overload import first_contact_limit
 from control_plane_broker.singleflight import SingleFlight
 from kubeapi import KubeError, KubeUnavailable
 
@@ -126,10 +125,12 @@ class JwksVerifier:
                     issuer = str(discovery["issuer"])
                     jwks = await client.get("/openid/v1/jwks", accept=JWKS_ACCEPT)
                 except KubeUnavailable as exc:
-                    if isinstance(exc.__cause__, httpx.TransportError):
-                        self._access.note_unreachable(client)
-                        first_contact_limit.discount_hold()
-                    raise
+                    if not isinstance(exc.__cause__, httpx.TransportError):
+                        raise
+                    self._access.note_unreachable(client)
+                    raise RuntimeApiSilent(
+                        "cannot fetch the runtime's issuer keys", retry_after=5
+                    ) from exc
         except BodyTooLarge as exc:
             raise _too_large(exc) from None
         except (httpx.HTTPError, KubeError, KeyError, ValueError) as exc:

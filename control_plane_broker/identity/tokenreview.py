@@ -13,11 +13,10 @@ from collections.abc import Callable, Mapping
 
 import httpx
 
-from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
+from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven, RuntimeApiSilent
 from control_plane_broker.identity import claims
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.kube.runtime_access import RuntimeAccess
-from control_plane_broker.overload import first_contact_limit
 from kubeapi import KubeError, KubeUnavailable
 
 TOKENREVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
@@ -74,10 +73,12 @@ class TokenReviewVerifier:
                 },
             )
         except KubeUnavailable as exc:
-            if did_not_answer(exc):
-                self._access.note_unreachable(client)
-                first_contact_limit.discount_hold()
-            raise ControlPlaneUnavailable("runtime API server unreachable", retry_after=5) from exc
+            if not did_not_answer(exc):
+                raise ControlPlaneUnavailable(
+                    "runtime API server unreachable", retry_after=5
+                ) from exc
+            self._access.note_unreachable(client)
+            raise RuntimeApiSilent("runtime API server unreachable", retry_after=5) from exc
         except KubeError as exc:
             raise IdentityNotProven(
                 "the runtime API server refused the review", reason="review-refused"

@@ -1,5 +1,7 @@
 """The one interface the request path uses to learn who is asking, and its three implementations
-wired by mode. Failures are counted by mode and reason and logged without the token."""
+wired by mode. Failures are counted by mode and reason and logged without the token. `prove` is
+how a use case asks it: the caller is told when the check is over, and whether it ended because
+a runtime's API server gave no answer."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from control_plane_broker.errors import IdentityForbidden, IdentityNotProven
+from control_plane_broker.errors import IdentityForbidden, IdentityNotProven, RuntimeApiSilent
 from control_plane_broker.identity.claims import Identity
 from control_plane_broker.identity.xfcc import identity_from_xfcc
 from control_plane_broker.metrics import Metrics
@@ -21,6 +23,34 @@ class Verifier(Protocol):
     mode: str
 
     async def verify(self, *, runtime_id: str, headers: Mapping[str, str]) -> Identity: ...
+
+
+class IdentityChecked(Protocol):
+    """Told once a request's identity check is over, passed or not: `timed_out` when it ended
+    because a runtime's API server gave no answer (`RuntimeApiSilent`)."""
+
+    def __call__(self, *, timed_out: bool) -> None: ...
+
+
+async def prove(
+    verifier: Verifier,
+    *,
+    runtime_id: str,
+    headers: Mapping[str, str],
+    checked: IdentityChecked | None = None,
+) -> Identity:
+    """`verifier.verify`, telling `checked` when the check is over (also when it failed or the
+    request was cancelled): the first-contact limit in front of the app lets the next first
+    contact in, and leaves a check that timed out out of its measured rate."""
+    try:
+        identity = await verifier.verify(runtime_id=runtime_id, headers=headers)
+    except BaseException as exc:
+        if checked is not None:
+            checked(timed_out=isinstance(exc, RuntimeApiSilent))
+        raise
+    if checked is not None:
+        checked(timed_out=False)
+    return identity
 
 
 class XfccVerifier:

@@ -3,8 +3,9 @@
 `rate_limit` (per-runtime token buckets), `circuit_breaker` (Director down: refuse at once),
 `first_contact_limit` (runtimes not proven recently come in a few at a time; the HTTP layer's
 `api/first_contact_middleware` applies it), `capacity_schedule` (reservations of Director's
-capacity), `priority_slots` (the concurrency limit, follow-up calls first), `director_limiter`
-(breaker, schedule and slots around every Director call) and `retry_after` (the one place a
+capacity), `reservations` (a request's reservation as a value, and the decision that makes it),
+`priority_slots` (the concurrency limit, follow-up calls first), `director_limiter` (breaker,
+schedule and slots around every Director call) and `retry_after` (the one place a
 wait becomes a `Retry-After` value). docs/overload.md tells the stages on one page.
 
 Inside the broker, import the defining module, never this package.

@@ -28,12 +28,12 @@ Refinements, each from a measurement (the decision records below):
 - The cost of a call (`latency`) is the request's whole use of the slots, per call it reserved,
   as the broker experiences it: from each slot's grant to the answer parsed, summed over every
   call the request makes, divided by the calls it reserved, or by those it made when it ended
-  before making them all (`AdmittedRequests.finish`).
+  before making them all (`reservations.ReservationLedger.finish`).
 - The queue in front (`queued_calls`, from the caller) is counted in the same unit: what
   admitted requests reserved and their calls have not held yet, from the moment a request's
-  first call asks for a slot to its end (`AdmittedRequests.ahead`), plus calls that belong to no
-  request. Before its first call a request is in the broker's own work (its mapping written to
-  KCP) and counts only in the reservations (`reserved_until`).
+  first call asks for a slot to its end (`reservations.ReservationLedger.ahead`), plus calls
+  that belong to no request. Before its first call a request is in the broker's own work (its
+  mapping written to KCP) and counts only in the reservations (`reserved_until`).
 - The deadline: a new request is admitted only when its wait and its calls end before its
   caller stops waiting, counted from its arrival in the broker, so the time it spent in front
   (the first-contact limit, the identity check) counts. The broker's own time after admission
@@ -94,84 +94,6 @@ class Deferred:
 
 
 Verdict = Admitted | Deferred
-
-
-@dataclass
-class AdmittedRequest:
-    """An admitted request's use of Director: the calls it reserved and the slot time its calls
-    held (grant to answer), over every call it made, reserved or not."""
-
-    reserved: int
-    key: str = ""  # the runtime's: where a reservation for the rest of it goes
-    deadline: float | None = None  # when its caller stops waiting
-    slot_seconds: float = 0.0
-    calls: int = 0
-    failed: bool = False
-    finished: bool = False
-    asked: bool = False  # its first call has asked for a slot
-
-
-@dataclass
-class AdmittedRequests:
-    """Admitted requests that have not finished, and what a finished request cost per call it
-    reserved: the schedule's measure of a call (see above).
-
-    In the queue in front of Director (`ahead`) a request counts from its first call's asking
-    for a slot until it ends, with what it reserved less what its calls have held so far, in
-    reserved calls at the schedule's price: `started` - `spent_seconds` / price, summed over
-    those requests (one that held more than it reserved makes up for one that held less)."""
-
-    outstanding: int = 0  # reserved calls of admitted requests not finished
-    started: int = 0  # reserved calls of requests that asked for a slot and have not finished
-    spent_seconds: float = 0.0  # slot seconds those requests' answered calls held
-
-    def admit(self, calls: int, *, key: str = "", deadline: float | None = None) -> AdmittedRequest:
-        request = AdmittedRequest(reserved=max(calls, 1), key=key, deadline=deadline)
-        self.outstanding += request.reserved
-        return request
-
-    def asking(self, request: AdmittedRequest) -> None:
-        """A call of `request` asks for a slot: from now on the request is in the queue."""
-        if request.asked or request.finished:
-            return
-        request.asked = True
-        self.started += request.reserved
-
-    def spent(self, request: AdmittedRequest, seconds: float, *, ok: bool) -> None:
-        """One call of `request` held its slot `seconds`, from grant to answer."""
-        held = max(seconds, 0.0)
-        request.calls += 1
-        request.slot_seconds += held
-        request.failed |= not ok
-        if request.asked and not request.finished:
-            self.spent_seconds += held
-
-    def ahead(self, price: float) -> float:
-        """Reserved calls still to be served of the requests in the queue, `price` the slot
-        seconds of a reserved call (the schedule's latency)."""
-        if self.started <= 0:
-            return 0.0
-        return max(0.0, self.started - self.spent_seconds / max(price, 1e-9))
-
-    def finish(self, request: AdmittedRequest) -> float | None:
-        """The request is over (answered or given up): slot seconds per reserved call, the
-        schedule's sample; None when it tells nothing about a call's cost (no call made, one
-        failed: a failing Director's timeouts are no measure) or it was finished before."""
-        if request.finished:
-            return None
-        request.finished = True
-        self.outstanding -= request.reserved
-        if request.asked:
-            self.started -= request.reserved
-            self.spent_seconds -= request.slot_seconds
-            if self.started <= 0:
-                self.started, self.spent_seconds = 0, 0.0  # no rounding left behind
-        if request.calls == 0 or request.failed:
-            return None
-        # Per reserved call, its look-ups included; one that ended before making every call it
-        # reserved (its token held back, or sent away) is priced by the calls it made, or the
-        # estimate would fall just when Director is slow enough to hold calls back.
-        return request.slot_seconds / min(request.calls, request.reserved)
 
 
 @dataclass
@@ -318,7 +240,7 @@ class CapacitySchedule:
             self.shift = 0.0  # no reservation left to keep in order: the next herd starts afresh
 
     def observe(self, seconds: float) -> None:
-        """A reserved call cost `seconds` of slot time (`AdmittedRequests.finish`; a call outside
+        """A reserved call cost `seconds` of slot time (`ReservationLedger.finish`; a call outside
         any request, its own): the estimate follows what really happens."""
         sample = min(max(seconds, 0.0), self.max_latency)
         self.latency += self.smoothing * (sample - self.latency)

@@ -1,13 +1,14 @@
 """Protects Director around every call: the circuit breaker, the capacity schedule and the
-priority slots, combined. The request path asks it twice before Director's first call
-(`refuse_if_open`, the cheap refusal; `reserve`, admission by the schedule), and every Director
-call goes through `call`.
+priority slots, combined. The request path asks it for a `Reservation` before Director's first
+call (`reserve`: the breaker's cheap refusal, then the schedule's verdict, decided by
+`reservations.decide`), passes that reservation to each of its Director calls, which all go
+through `call`, and finishes it when it is answered (`finish`).
 
 Holds: while the breaker is open no call leaves the process, also none that was already waiting
 for a slot when it opened, and a caller learns that before it costs anything (`refuse_if_open`);
-at most `max_concurrency` calls are in flight; a request is admitted only when its reservation
-starts within the queue timeout by the schedule's estimate (`reserve`), otherwise it is told when
-to come back; the queue in front of a new request is counted as what admitted requests reserved
+at most `max_concurrency` calls are in flight; a request gets a reservation only when it starts
+within the queue timeout by the schedule's estimate (`reserve`), otherwise it is told when to come
+back; the queue in front of a new request is counted as what admitted requests reserved
 and their calls have not held yet, from the moment a request's first call asks for a slot (its
 look-ups, its registration, its token; before that it is in the broker's own work and in the
 schedule's reservations), plus the calls outside any request that wait and the follow-ups they
@@ -36,8 +37,6 @@ docs/design/0015-keep-the-queue-to-what-director-serves.md.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
@@ -53,13 +52,18 @@ from control_plane_broker.errors import (
 )
 from control_plane_broker.overload import circuit_breaker as cb
 from control_plane_broker.overload.capacity_schedule import (
-    AdmittedRequest,
-    AdmittedRequests,
     CapacitySchedule,
     Deferred,
     DirectorLoad,
 )
 from control_plane_broker.overload.priority_slots import FIRST_CALL, FOLLOW_UP, PrioritySlots
+from control_plane_broker.overload.reservations import (
+    Defer,
+    Refuse,
+    Reservation,
+    ReservationLedger,
+    decide,
+)
 from control_plane_broker.overload.retry_after import reservation_wait
 
 log = logging.getLogger(__name__)
@@ -70,20 +74,6 @@ T = TypeVar("T")
 Verdict = Literal["healthy", "outage", "ambiguous"]
 # Asked once a call holds a slot, right before it leaves: False when nobody waits for the answer.
 CallerPresent = Callable[[], Awaitable[bool]]
-
-
-class _Served:
-    """The admitted request a task serves now (its calls' slot time is the request's), seen
-    through a context variable by the task and the tasks it starts."""
-
-    def __init__(self, task: asyncio.Task[object]) -> None:
-        self.task = task
-        self.request: AdmittedRequest | None = None
-
-
-_SERVED: contextvars.ContextVar[_Served | None] = contextvars.ContextVar(
-    "director_request", default=None
-)
 
 
 def _unreachable(error: BaseException | None) -> bool:
@@ -164,10 +154,10 @@ class _Signal:
             )
 
 
-def _calls(request: AdmittedRequest | None) -> int:
-    """The calls a waiting call stands for: its request's, for a request's first call (its
+def _calls(reservation: Reservation | None) -> int:
+    """The calls a waiting call stands for: its reservation's, for a request's first call (its
     follow-ups are served right after it); itself, otherwise."""
-    return 1 if request is None else request.reserved
+    return 1 if reservation is None else reservation.calls
 
 
 class DirectorLimiter:
@@ -182,33 +172,33 @@ class DirectorLimiter:
     ) -> None:
         self._policy = policy
         self._breaker = cb.Breaker()
-        # A waiting first call is tagged with its request, so that it can be sent away with a
-        # reservation when the schedule sees it cannot be served in time (`_shed`).
-        self._slots: PrioritySlots[AdmittedRequest] = PrioritySlots(max_concurrency, clock)
+        # A waiting first call is tagged with its reservation, so that it can be sent away with a
+        # reservation later when the schedule sees it cannot be served in time (`_shed`).
+        self._slots: PrioritySlots[Reservation] = PrioritySlots(max_concurrency, clock)
         self._queue_timeout = queue_timeout
-        self._slot_wait = 2 * queue_timeout  # the longest an admitted call waits for a slot
+        self._slot_wait = 2 * queue_timeout  # the longest a reserved call waits for a slot
         self._clock = clock
         self._on_state = on_state
         self._signal = _Signal(threshold=policy.failure_threshold, clock=clock)
         self.schedule = CapacitySchedule(capacity=max_concurrency, max_wait=queue_timeout)
-        # Admitted calls that found no slot in time, or were sent out of the queue because they
+        # Reserved calls that found no slot in time, or were sent out of the queue because they
         # would not (`_shed`): the schedule's estimate was short (the answer is a 503
         # compass-unavailable, as for an open breaker, so count it apart).
         self._slot_timeouts = 0
         # Calls for a waiting caller held back because their answer would come after the
         # caller's deadline (answered 503 capacity-booked, with a reservation for the call).
         self._late_calls = 0
-        self._admitted = AdmittedRequests()
-        # Calls outside any admitted request (the reconciler's) waiting for a slot, and the
+        self._ledger = ReservationLedger()
+        # Calls outside any reservation (the reconciler's) waiting for a slot, and the
         # follow-ups they promised: not in the slot queue yet, but served before every first
-        # call queued now (docs/design/0011). An admitted request's calls are in
-        # `AdmittedRequests.ahead` from its first call on.
+        # call queued now (docs/design/0011). A reservation's calls are in
+        # `ReservationLedger.ahead` from its first call on.
         self._unreserved_waiting = 0
         self._owed_follow_ups = 0
 
     def _queued_calls(self) -> float:
         return (
-            self._admitted.ahead(self.schedule.latency)
+            self._ledger.ahead(self.schedule.latency)
             + self._unreserved_waiting
             + self._owed_follow_ups
         )
@@ -251,57 +241,34 @@ class DirectorLimiter:
             self._on_state(breaker.state.value)
         self._signal.breaker(before, breaker, cause)
 
-    def refuse_if_open(self, key: str, *, calls: int) -> None:
-        """The cheap refusal: raises at once while the breaker would refuse a call anyway, with
-        a reservation after the next probe (see `CapacitySchedule.reserve`), not one moment for
-        everybody."""
-        now = self._clock()
-        if not cb.would_refuse(self._breaker, self._policy, now):
-            return
-        probe_at = now + cb.seconds_until_probe(self._breaker, self._policy, now)
-        verdict = self.schedule.reserve(
-            key, calls=calls, now=now, queued_calls=self._queued_calls(), not_before=probe_at
-        )
-        told = self._told(verdict) if isinstance(verdict, Deferred) else probe_at - now
-        raise CompassDown("circuit breaker open", retry_after=told)
-
-    def reserve(self, key: str, *, calls: int, deadline: float | None = None) -> None:
-        """Admits a request of `calls` Director calls for `key`, or raises `CapacityReserved`.
+    def reserve(self, key: str, *, calls: int, deadline: float | None = None) -> Reservation:
+        """A reservation of `calls` Director calls for `key`, to pass to each of them and to
+        `finish` once the request is answered. Raises `CompassDown` at once while the breaker
+        would refuse a call anyway (with a reservation after the next probe), and
+        `CapacityReserved` when the schedule defers the request (`reservations.decide`).
         `deadline` (this clock's time): when the request's caller stops waiting; the request
-        is admitted only when its wait and calls end before, and its calls for that caller
-        leave only when their answer can be back before (`call`)."""
-        verdict = self.schedule.reserve(
-            key,
+        gets a reservation only when its wait and calls end before, and its calls for that
+        caller leave only when their answer can be back before (`call`)."""
+        decision = decide(
+            self.schedule,
+            self._breaker,
+            self._policy,
+            key=key,
             calls=calls,
             now=self._clock(),
             queued_calls=self._queued_calls(),
             deadline=deadline,
         )
-        if isinstance(verdict, Deferred):
-            raise CapacityReserved("Director capacity is booked", retry_after=self._told(verdict))
-        self._track(calls, key=key, deadline=deadline)
+        if isinstance(decision, Refuse):
+            raise CompassDown("circuit breaker open", retry_after=decision.retry_after)
+        if isinstance(decision, Defer):
+            raise CapacityReserved("Director capacity is booked", retry_after=decision.retry_after)
+        return self._ledger.open(calls, key=key, deadline=deadline)
 
-    def _track(self, calls: int, *, key: str, deadline: float | None) -> None:
-        """The admitted request runs in the current task and ends with it (one request per
-        task, as the HTTP server runs them); a task that reserves again has finished its last."""
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:  # no event loop: nothing to measure it by
-            task = None
-        if task is None:
-            return
-        served = _SERVED.get()
-        if served is None or served.task is not task:
-            served = _Served(task)
-            _SERVED.set(served)
-            task.add_done_callback(lambda _: self._finish(served.request))
-        self._finish(served.request)
-        served.request = self._admitted.admit(calls, key=key, deadline=deadline)
-
-    def _finish(self, request: AdmittedRequest | None) -> None:
-        if request is None:
-            return
-        sample = self._admitted.finish(request)
+    def finish(self, reservation: Reservation) -> None:
+        """The request of `reservation` is over (answered or given up): it leaves the queue in
+        front of Director, and what its calls held is the schedule's sample. Once only."""
+        sample = self._ledger.finish(reservation)
         if sample is not None:
             self._observe(sample)
 
@@ -358,7 +325,7 @@ class DirectorLimiter:
             last <= waiter.since + self._slot_wait
             and (
                 waiter.tag.deadline is None
-                or last + waiter.tag.reserved * slowest <= waiter.tag.deadline
+                or last + waiter.tag.calls * slowest <= waiter.tag.deadline
             )
             for waiter in self._slots.queue(ordered=False)
             if waiter.tag is not None
@@ -371,31 +338,31 @@ class DirectorLimiter:
         leaving = []
         staying = 0
         for waiter in queue:
-            request = waiter.tag
-            if request is not None and not request.finished:
+            reservation = waiter.tag
+            if reservation is not None and not reservation.finished:
                 granted = now + work * per_slot
                 if granted > waiter.since + self._slot_wait or (
-                    request.deadline is not None
-                    and granted + request.reserved * slowest > request.deadline
+                    reservation.deadline is not None
+                    and granted + reservation.calls * slowest > reservation.deadline
                     and staying >= self._slots.capacity
                 ):
                     leaving.append(waiter)
                     continue
             staying += 1
-            work += _calls(request)
+            work += _calls(reservation)
         if not leaving:
             return
         for waiter in leaving:  # out of the queue first: each reservation is placed after it
             assert waiter.tag is not None
-            self._admitted.finish(waiter.tag)
+            self._ledger.finish(waiter.tag)
         before = self._queued_calls()  # the queue that stays: served before those leaving
         for waiter in leaving:
-            request = waiter.tag
-            assert request is not None
+            reservation = waiter.tag
+            assert reservation is not None
             wait = self.schedule.hold_place(
-                request.key, calls=request.reserved, now=now, queued_calls=before
+                reservation.key, calls=reservation.calls, now=now, queued_calls=before
             ).wait
-            before += request.reserved
+            before += reservation.calls
             self._slot_timeouts += 1
             self._slots.refuse(
                 waiter,
@@ -412,21 +379,21 @@ class DirectorLimiter:
     def _reservation_wait(self, wait: float) -> float:
         return reservation_wait(wait, max_wait=self._queue_timeout)
 
-    def _told(self, verdict: Deferred) -> float:
-        """The wait a deferred caller is told: aimed early at its reservation, unless it was
-        deferred because the queue is longer than promised (see `Deferred.aim_early`)."""
-        return self._reservation_wait(verdict.wait) if verdict.aim_early else verdict.wait
-
     async def call(
         self,
         fn: Callable[[], Awaitable[T]],
         *,
+        reservation: Reservation | None = None,
         subject: str = "",
         follow_up: bool = False,
         then: int = 0,
         caller_present: CallerPresent | None = None,
     ) -> T:
-        """`subject`: the runtime the call is about (see `cb.record_ambiguous`).
+        """`reservation`: the request's (`reserve`), when the call is one of a request's: it
+        is counted and priced as the request's and, for a waiting caller, held to its deadline;
+        None for calls of no request (the reconciler's), or once the request is finished (a task
+        it started, outliving it, is on its own).
+        `subject`: the runtime the call is about (see `cb.record_ambiguous`).
         `follow_up`: this call continues a request that already spent a Director call.
         `then`: how many follow-up calls the request makes after this one succeeds."""
         breaker, permit = cb.admit(self._breaker, self._policy, self._clock())
@@ -436,16 +403,14 @@ class DirectorLimiter:
         probe = breaker.state is cb.State.HALF_OPEN
         verdict: Verdict | None = None  # None: no verdict on Director
         error: BaseException | None = None
-        served = _SERVED.get()
-        request = served.request if served is not None else None
-        if request is not None and request.finished:
-            request = None  # a task its request started, outliving it: on its own now
-        owed = then if request is None else 0  # an admitted request's calls are reserved
-        if request is not None:
-            self._admitted.asking(request)  # in the queue in front of Director from now on
+        if reservation is not None and reservation.finished:
+            reservation = None
+        owed = then if reservation is None else 0  # a reservation's calls are reserved already
+        if reservation is not None:
+            self._ledger.asking(reservation)  # in the queue in front of Director from now on
         self._owed_follow_ups += owed
         try:
-            granted = await self._slot(follow_up=follow_up, request=request)
+            granted = await self._slot(follow_up=follow_up, reservation=reservation)
             try:
                 if not cb.may_leave_queue(self._breaker, probe=probe):
                     raise CompassUnavailable(
@@ -456,9 +421,9 @@ class DirectorLimiter:
                     )
                 if caller_present is not None and not await caller_present():
                     raise CallerGone("the caller hung up while the call waited for a slot")
-                if caller_present is not None and request is not None:
-                    self._refuse_if_late(request)
-                result = await self._timed(fn, granted, request)
+                if caller_present is not None and reservation is not None:
+                    self._refuse_if_late(reservation)
+                result = await self._timed(fn, granted, reservation)
             finally:
                 self._slots.release()
             verdict = "healthy"
@@ -479,24 +444,24 @@ class DirectorLimiter:
             self._owed_follow_ups -= owed
             self._settle(verdict, probe=probe, subject=subject, error=error)
 
-    def _refuse_if_late(self, request: AdmittedRequest) -> None:
+    def _refuse_if_late(self, reservation: Reservation) -> None:
         """Raises `CapacityReserved`, with a reservation for this call, when its answer would
         reach the caller after its deadline by the schedule's estimate of a call. The request's
-        own work after admission (KCP writes, a slow event loop) is not estimated ahead: it is
+        own work after its reservation (KCP writes, a slow event loop) is not estimated ahead: it is
         seen here, before a one-time token is made that nobody would receive, and the agent
         comes back for it at its reservation (its registration is done: one call left)."""
         now = self._clock()
-        if request.deadline is None or now + self.schedule.latency <= request.deadline:
+        if reservation.deadline is None or now + self.schedule.latency <= reservation.deadline:
             return
         self._late_calls += 1
         verdict = self.schedule.reserve(
-            request.key, calls=1, now=now, queued_calls=self._queued_calls(), not_before=now
+            reservation.key, calls=1, now=now, queued_calls=self._queued_calls(), not_before=now
         )
         wait = verdict.wait if isinstance(verdict, Deferred) else 0.0
         log.info(
             "Director call held back: its answer would come after the caller's deadline",
             extra={
-                "late_seconds": round(now + self.schedule.latency - request.deadline, 3),
+                "late_seconds": round(now + self.schedule.latency - reservation.deadline, 3),
                 "estimate_seconds": round(self.schedule.latency, 3),
             },
         )
@@ -505,16 +470,16 @@ class DirectorLimiter:
             retry_after=self._reservation_wait(wait),
         )
 
-    async def _slot(self, *, follow_up: bool, request: AdmittedRequest | None) -> float:
+    async def _slot(self, *, follow_up: bool, reservation: Reservation | None) -> float:
         """Waits for a slot (follow-ups first); answers when it was granted."""
-        waiting = int(request is None)
+        waiting = int(reservation is None)
         self._unreserved_waiting += waiting
-        first = request is not None and not follow_up and request.calls == 0
+        first = reservation is not None and not follow_up and reservation.use.calls == 0
         try:
             return await self._slots.acquire(
                 FOLLOW_UP if follow_up else FIRST_CALL,
                 self._slot_wait,
-                request if first else None,
+                reservation if first else None,
             )
         except TimeoutError:
             self._slot_timeouts += 1
@@ -531,20 +496,20 @@ class DirectorLimiter:
             self._unreserved_waiting -= waiting
 
     async def _timed(
-        self, fn: Callable[[], Awaitable[T]], granted: float, request: AdmittedRequest | None
+        self, fn: Callable[[], Awaitable[T]], granted: float, reservation: Reservation | None
     ) -> T:
         """`fn()` on the slot granted at `granted`. The slot as this process holds it, from its
         grant to the answer (Director's latency and the broker's own delays around it: the loop
         resuming the waiter, the check on the caller, parsing the answer), is what the schedule
-        prices: the request's, or a call's of its own outside any request."""
+        prices: the reservation's, or a call's of its own outside any reservation."""
         try:
             result = await fn()
         except BaseException:
-            if request is not None:
-                self._admitted.spent(request, self._clock() - granted, ok=False)
+            if reservation is not None:
+                self._ledger.spent(reservation, self._clock() - granted, ok=False)
             raise
-        if request is not None:
-            self._admitted.spent(request, self._clock() - granted, ok=True)
+        if reservation is not None:
+            self._ledger.spent(reservation, self._clock() - granted, ok=True)
         else:
             self._observe(self._clock() - granted)
         return result

@@ -15,10 +15,9 @@ app at a time and parks the rest in arrival order; this module decides:
   the shared places; its others wait in a queue of their own, bounded by time the same way, so
   a runtime ID that floods the limit (or whose cluster stalls) delays only itself;
 - which holds are measured: a hold that ended because a runtime's API server did not answer
-  within its timeout says nothing about the rate. The identity check that saw the timeout calls
-  `discount_hold()`; the middleware, which set `track_hold` for the request, leaves that hold
-  out of its average. A context variable carries the call, so the layers in between (the app,
-  the use case) need not pass it on.
+  within its timeout says nothing about the rate. The identity adapter that saw the timeout
+  raises `RuntimeApiSilent`; the use case tells the middleware so when the check is over
+  (`identity.verifier.prove`), and the middleware leaves that hold out of its average.
 
 Holds: pure, no I/O (the clock is an argument); no announced wait is longer than
 `longest_wait` (the agent's longest backoff); by the measured rate no request waits in the
@@ -31,8 +30,6 @@ docs/design/0004-timed-out-holds-not-measured.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextvars import ContextVar, Token
 from dataclasses import dataclass
 
 
@@ -73,22 +70,3 @@ class FirstContactLimit:
 
     def observe(self, held_seconds: float) -> None:
         self.hold += self.smoothing * (max(held_seconds, 0.0) - self.hold)
-
-
-_discount: ContextVar[Callable[[], None] | None] = ContextVar("first_contact_hold", default=None)
-
-
-def track_hold(discount: Callable[[], None]) -> Token[Callable[[], None] | None]:
-    """Set by the middleware while a request holds a place; `discount` drops the hold's measure."""
-    return _discount.set(discount)
-
-
-def untrack_hold(token: Token[Callable[[], None] | None]) -> None:
-    _discount.reset(token)
-
-
-def discount_hold() -> None:
-    """The current request's hold ended in a timeout: not a measure of the rate."""
-    discount = _discount.get()
-    if discount is not None:
-        discount()

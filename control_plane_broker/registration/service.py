@@ -60,6 +60,7 @@ from control_plane_broker.errors import (
 from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.kyma import LABEL_GLOBAL_ACCOUNT, LABEL_SHOOT, LABEL_SUBACCOUNT, KymaView
 from control_plane_broker.metrics import Metrics
+from control_plane_broker.overload.reservations import Reservation
 from control_plane_broker.registration import naming, state
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.settings import Settings
@@ -173,12 +174,15 @@ class RegistrationService:
             return None
         return tenant_unknown(refusal.label, refusal.value, kyma)
 
-    async def is_gone(self, registered: Registered) -> bool:
+    async def is_gone(
+        self, registered: Registered, *, reservation: Reservation | None = None
+    ) -> bool:
         """Does Director no longer have the recorded runtime? Asked after Director refused a
         call about it: the refusal may be its answer for a runtime unregistered behind our back
-        (a one-time token then fails with code 27, a label with code 10)."""
+        (a one-time token then fails with code 27, a label with code 10). `reservation`: the
+        request's that asks (`DirectorLimiter.call`)."""
         runtime = await self._director.runtime(
-            tenant=registered.tenant, runtime_id=registered.compass_id
+            tenant=registered.tenant, runtime_id=registered.compass_id, reservation=reservation
         )
         return runtime is None
 
@@ -218,10 +222,15 @@ class RegistrationService:
         )
 
     async def ensure_registered(
-        self, kyma: KymaView, *, fresh: Mapping | None = None
+        self,
+        kyma: KymaView,
+        *,
+        fresh: Mapping | None = None,
+        reservation: Reservation | None = None,
     ) -> Registered:
         """`fresh`: the mapping as just read or written (the watch-fed view may still show what
-        it replaced)."""
+        it replaced). `reservation`: the request's whose Director calls these are (None: the
+        reconciler's); callers that share a registration share the first one's calls."""
         tenant = kyma.tenant
         if not tenant:
             raise KymaIncomplete("the Kyma has no global account label")
@@ -231,11 +240,19 @@ class RegistrationService:
         if cached is not None and cached.compass_id:
             return Registered(cached.compass_id, cached.tenant or tenant, "adopted", mapping=cached)
         # Concurrent requests of one runtime (and the reconciler) share one registration.
-        return await self._flights.do(kyma.name, lambda: self._guarded(kyma, tenant, cached))
+        return await self._flights.do(
+            kyma.name, lambda: self._guarded(kyma, tenant, cached, reservation)
+        )
 
-    async def _guarded(self, kyma: KymaView, tenant: str, cached: Mapping | None) -> Registered:
+    async def _guarded(
+        self,
+        kyma: KymaView,
+        tenant: str,
+        cached: Mapping | None,
+        reservation: Reservation | None,
+    ) -> Registered:
         try:
-            return await self._ensure(kyma, tenant, cached)
+            return await self._ensure(kyma, tenant, cached, reservation)
         except Conflict as exc:
             raise RegistrationBusy("mapping changed concurrently", retry_after=1) from exc
         except KubeError as exc:
@@ -243,7 +260,13 @@ class RegistrationService:
                 "cannot read or write the mapping", retry_after=5
             ) from exc
 
-    async def _ensure(self, kyma: KymaView, tenant: str, mapping: Mapping | None) -> Registered:
+    async def _ensure(
+        self,
+        kyma: KymaView,
+        tenant: str,
+        mapping: Mapping | None,
+        reservation: Reservation | None,
+    ) -> Registered:
         s = self._settings
         wait_until = self._clock() + WAIT_FOR_OTHER_SECONDS
         for _ in range(MAX_ROUNDS):
@@ -292,7 +315,10 @@ class RegistrationService:
                         mapping = await self._repo.replace(self._claim(mapping, now))
                         continue
                     compass_id, outcome, labels = await self._find_or_register(
-                        kyma, tenant, lookup=kyma.name not in self._unregistered
+                        kyma,
+                        tenant,
+                        lookup=kyma.name not in self._unregistered,
+                        reservation=reservation,
                     )
                     recorded = await self._record(mapping, compass_id, labels)
                     self._unregistered.discard(kyma.name)
@@ -323,19 +349,27 @@ class RegistrationService:
             mapping, me=self._me, now=now, claim_seconds=self._settings.registration_claim_seconds
         )
 
-    async def find(self, kyma: KymaView, tenant: str) -> DirectorRuntime | None:
+    async def find(
+        self, kyma: KymaView, tenant: str, *, reservation: Reservation | None = None
+    ) -> DirectorRuntime | None:
         """The Director runtime registered for this Kyma, if any: by our label, then by
         compass-manager's `gardenerClusterName`; of several, the smallest ID."""
         s = self._settings
         shoot = kyma.labels.get(LABEL_SHOOT)
         try:
             ours = await self._director.runtimes_by_label(
-                tenant=tenant, key=s.runtime_id_label, value=kyma.runtime_id
+                tenant=tenant,
+                key=s.runtime_id_label,
+                value=kyma.runtime_id,
+                reservation=reservation,
             )
             legacy = []
             if not ours and shoot:
                 legacy = await self._director.runtimes_by_label(
-                    tenant=tenant, key="gardenerClusterName", value=shoot
+                    tenant=tenant,
+                    key="gardenerClusterName",
+                    value=shoot,
+                    reservation=reservation,
                 )
         except DirectorTenantUnknown as exc:
             raise tenant_unknown(LABEL_GLOBAL_ACCOUNT, tenant, kyma) from exc
@@ -354,7 +388,7 @@ class RegistrationService:
         return name in self._vanished
 
     async def _find_or_register(
-        self, kyma: KymaView, tenant: str, *, lookup: bool
+        self, kyma: KymaView, tenant: str, *, lookup: bool, reservation: Reservation | None
     ) -> tuple[str, str, dict[str, str] | None]:
         """The Compass runtime ID, how it was obtained, and the labels sent if registered."""
         s = self._settings
@@ -363,7 +397,7 @@ class RegistrationService:
             kyma, managed_by=s.managed_by_label_value, runtime_id_label=s.runtime_id_label
         )
         if lookup:
-            found = await self.find(kyma, tenant)
+            found = await self.find(kyma, tenant, reservation=reservation)
             if found is not None:
                 return found.id, "found", labels_held(found, wanted=labels)
             # Nothing registered, and only the claim holder (us) registers: until a call of
@@ -375,7 +409,9 @@ class RegistrationService:
             labels=labels,
         )
         try:
-            runtime = await self._director.register_runtime(tenant=tenant, spec=spec)
+            runtime = await self._director.register_runtime(
+                tenant=tenant, spec=spec, reservation=reservation
+            )
         except DirectorPermanent as exc:
             refusal = refusal_of_tenants(exc, kyma, tenant)
             if refusal is None:

@@ -14,12 +14,9 @@ import pytest
 from control_plane_broker.director.classification import DirectorRetryable
 from control_plane_broker.errors import CapacityReserved, CompassUnavailable
 from control_plane_broker.overload import circuit_breaker as cb
-from control_plane_broker.overload.capacity_schedule import (
-    Admitted,
-    AdmittedRequests,
-    Deferred,
-)
+from control_plane_broker.overload.capacity_schedule import Admitted, Deferred
 from control_plane_broker.overload.director_limiter import DirectorLimiter
+from control_plane_broker.overload.reservations import ReservationLedger
 from control_plane_broker.overload.retry_after import reservation_wait
 from tests.unit.broker.conditions import until
 
@@ -72,7 +69,7 @@ async def test_while_open_the_fleet_is_spread_over_reservations_after_the_probe(
     waits = []
     for index in range(100):
         with pytest.raises(CompassUnavailable) as info:
-            g.refuse_if_open(f"rt-{index}", calls=2)
+            g.reserve(f"rt-{index}", calls=2)
         waits.append(info.value.retry_after)
     # Nobody before the probe; then one after the other at Director's pace, not all at once
     # (each told the time that gets it there by its reservation, see `reservation_wait`).
@@ -81,28 +78,28 @@ async def test_while_open_the_fleet_is_spread_over_reservations_after_the_probe(
     assert min(waits) >= 29
     # Asking again before its reservation gives the same reservation (no second one).
     with pytest.raises(CompassUnavailable) as again:
-        g.refuse_if_open("rt-50", calls=2)
+        g.reserve("rt-50", calls=2)
     assert again.value.retry_after == waits[50]
 
 
-async def test_refuse_if_open_is_cheap_and_does_not_take_the_probe() -> None:
+async def test_the_refusal_while_open_is_cheap_and_does_not_take_the_probe() -> None:
     clock = Clock()
     g = limiter(clock)
 
     async def failing() -> None:
         raise DirectorRetryable("503")
 
-    g.refuse_if_open("rt-1", calls=1)  # closed: nothing to refuse
+    g.reserve("rt-1", calls=1)  # closed: nothing to refuse
     with pytest.raises(CompassUnavailable):
         await g.call(failing)
     assert g.state is cb.State.OPEN
     with pytest.raises(CompassUnavailable) as info:
-        g.refuse_if_open("rt-1", calls=1)
+        g.reserve("rt-1", calls=1)
     assert info.value.retry_after == reservation_wait(30, max_wait=1.0) == 29
     assert not info.value.spread  # the reservation is the spread: no random seconds on top
     clock.now += 30
-    g.refuse_if_open("rt-1", calls=1)  # the probe: not refused ...
-    g.refuse_if_open("rt-1", calls=1)  # ... also when asked twice, since asking takes nothing
+    g.reserve("rt-1", calls=1)  # the probe: not refused ...
+    g.reserve("rt-1", calls=1)  # ... also when asked twice, since asking takes nothing
 
     async def probe() -> str:
         return "ok"
@@ -145,83 +142,78 @@ async def test_a_call_outside_any_request_is_measured_from_its_slots_grant() -> 
 
 
 def test_a_finished_request_costs_its_slot_time_per_call_it_reserved() -> None:
-    admissions = AdmittedRequests()
-    request = admissions.admit(2)
-    other = admissions.admit(1)
-    assert admissions.outstanding == 3
+    ledger = ReservationLedger()
+    request = ledger.open(2)
+    other = ledger.open(1)
+    assert ledger.outstanding == 3
     # Two look-ups it did not reserve, the registration and the token: four calls held slots.
     for seconds in (0.05, 0.05, 0.12, 0.08):
-        admissions.spent(request, seconds, ok=True)
-    assert admissions.finish(request) == pytest.approx(0.3 / 2)
-    assert admissions.outstanding == 1
-    assert admissions.finish(request) is None  # once only
-    assert admissions.outstanding == 1
-    assert admissions.finish(other) is None  # no call made: nothing learnt of a call's cost
-    assert admissions.outstanding == 0
+        ledger.spent(request, seconds, ok=True)
+    assert ledger.finish(request) == pytest.approx(0.3 / 2)
+    assert ledger.outstanding == 1
+    assert ledger.finish(request) is None  # once only
+    assert ledger.outstanding == 1
+    assert ledger.finish(other) is None  # no call made: nothing learnt of a call's cost
+    assert ledger.outstanding == 0
     # One that ended after one of its two calls (its token held back or sent away) is priced
     # by the call it made, not half of it.
-    short = admissions.admit(2)
-    admissions.spent(short, 4.0, ok=True)
-    assert admissions.finish(short) == pytest.approx(4.0)
+    short = ledger.open(2)
+    ledger.spent(short, 4.0, ok=True)
+    assert ledger.finish(short) == pytest.approx(4.0)
 
 
 def test_a_request_with_a_failed_call_teaches_nothing_but_is_no_longer_outstanding() -> None:
-    admissions = AdmittedRequests()
-    request = admissions.admit(2)
-    admissions.spent(request, 0.1, ok=True)
-    admissions.spent(request, 10.0, ok=False)  # a timeout is no pace of Director's
-    assert admissions.finish(request) is None
-    assert admissions.outstanding == 0
+    ledger = ReservationLedger()
+    request = ledger.open(2)
+    ledger.spent(request, 0.1, ok=True)
+    ledger.spent(request, 10.0, ok=False)  # a timeout is no pace of Director's
+    assert ledger.finish(request) is None
+    assert ledger.outstanding == 0
 
 
 def test_a_request_is_ahead_from_its_first_call_with_what_its_calls_have_not_held_yet() -> None:
-    admissions = AdmittedRequests()
-    request = admissions.admit(2)
-    assert admissions.ahead(0.1) == 0  # admitted, still in the broker's own work
-    admissions.asking(request)  # its first call asks for a slot
-    assert admissions.ahead(0.1) == 2
-    admissions.asking(request)  # its second: the request is in the queue once
-    assert admissions.ahead(0.1) == 2
-    admissions.spent(request, 0.1, ok=True)  # registered
-    assert admissions.ahead(0.1) == pytest.approx(1)
-    other = admissions.admit(2)
-    admissions.asking(other)
-    admissions.spent(request, 0.2, ok=True)  # its token took twice the price ...
+    ledger = ReservationLedger()
+    request = ledger.open(2)
+    assert ledger.ahead(0.1) == 0  # reserved, still in the broker's own work
+    ledger.asking(request)  # its first call asks for a slot
+    assert ledger.ahead(0.1) == 2
+    ledger.asking(request)  # its second: the request is in the queue once
+    assert ledger.ahead(0.1) == 2
+    ledger.spent(request, 0.1, ok=True)  # registered
+    assert ledger.ahead(0.1) == pytest.approx(1)
+    other = ledger.open(2)
+    ledger.asking(other)
+    ledger.spent(request, 0.2, ok=True)  # its token took twice the price ...
     # ... which is counted against the others' calls: the price is an average.
-    assert admissions.ahead(0.1) == pytest.approx(1)
-    assert admissions.ahead(0.3) == pytest.approx(3)  # by a dearer price, more is left
-    assert admissions.finish(request) == pytest.approx(0.15)
-    assert admissions.ahead(0.1) == pytest.approx(2)  # the other's two calls, none held yet
-    admissions.finish(other)
-    assert (admissions.ahead(0.1), admissions.started, admissions.spent_seconds) == (0, 0, 0)
-    never = admissions.admit(1)  # finished before any call asked: never in the queue
-    assert admissions.finish(never) is None
-    admissions.asking(never)
-    assert admissions.ahead(0.1) == 0
+    assert ledger.ahead(0.1) == pytest.approx(1)
+    assert ledger.ahead(0.3) == pytest.approx(3)  # by a dearer price, more is left
+    assert ledger.finish(request) == pytest.approx(0.15)
+    assert ledger.ahead(0.1) == pytest.approx(2)  # the other's two calls, none held yet
+    ledger.finish(other)
+    assert (ledger.ahead(0.1), ledger.started, ledger.spent_seconds) == (0, 0, 0)
+    never = ledger.open(1)  # finished before any call asked: never in the queue
+    assert ledger.finish(never) is None
+    ledger.asking(never)
+    assert ledger.ahead(0.1) == 0
 
 
 async def test_the_schedule_learns_a_requests_slot_time_per_reserved_call_when_it_ends() -> None:
     clock = Clock()
     g = limiter(clock)
 
-    async def call(seconds: float) -> None:
-        async def fn() -> None:
+    reservation = g.reserve("rt-1", calls=2)
+    for seconds in (0.2, 0.2, 0.5, 0.3):  # two look-ups, register, token
+
+        async def fn(seconds: float = seconds) -> None:
             clock.now += seconds
 
-        await g.call(fn)
-
-    async def request() -> None:
-        g.reserve("rt-1", calls=2)
-        for seconds in (0.2, 0.2, 0.5, 0.3):  # two look-ups, register, token
-            await call(seconds)
-        assert g.schedule.latency == 0.1  # nothing learnt before the request is over
-
-    await asyncio.create_task(request())
-    await asyncio.sleep(0)  # the task's end is seen by its done callback
+        await g.call(fn, reservation=reservation)
+    assert g.schedule.latency == 0.1  # nothing learnt before the request is over
+    g.finish(reservation)
     assert g.schedule.latency == pytest.approx(0.1 + 0.2 * (1.2 / 2 - 0.1))
 
 
-async def test_admitted_requests_count_in_the_queue_from_first_call_to_last_answer() -> None:
+async def test_reservations_count_in_the_queue_from_first_call_to_their_finish() -> None:
     clock = Clock()
     g = limiter(clock, max_concurrency=1, queue_timeout=1.0)  # 0.1 s a reserved call, one at a time
     holding, release = asyncio.Event(), asyncio.Event()
@@ -236,18 +228,19 @@ async def test_admitted_requests_count_in_the_queue_from_first_call_to_last_answ
         clock.now += 0.1  # what the schedule prices: its estimate stays put
 
     async def request(key: str) -> None:
-        g.reserve(key, calls=2)
-        await go.wait()  # admitted, still in the broker's own work (its mapping written to KCP)
-        await g.call(call, then=1)  # registers ...
-        await g.call(call, follow_up=True)  # ... and asks for the token
+        reservation = g.reserve(key, calls=2)
+        await go.wait()  # reserved, still in the broker's own work (its mapping written to KCP)
+        await g.call(call, reservation=reservation, then=1)  # registers ...
+        await g.call(call, reservation=reservation, follow_up=True)  # ... and asks for the token
         await written.wait()  # its status written to KCP, its answer not sent yet
+        g.finish(reservation)
 
     tasks = [asyncio.create_task(request(f"rt-{i}")) for i in range(3)]
-    await until(lambda: g._admitted.outstanding == 6)
+    await until(lambda: g._ledger.outstanding == 6)
     clock.now += 1.0  # their reservations are behind: only the queue can count them now
     holder = asyncio.create_task(g.call(hold))  # a call of the reconciler's holds the slot
     await holding.wait()
-    # Admitted, none of their calls asked for a slot yet: not in the queue in front of Director.
+    # Reserved, none of their calls asked for a slot yet: not in the queue in front of Director.
     assert g._queued_calls() == 0
     go.set()
     await until(lambda: g.snapshot().waiting == 3)
@@ -261,16 +254,15 @@ async def test_admitted_requests_count_in_the_queue_from_first_call_to_last_answ
     await until(lambda: g._slots.taken == 0 and g.snapshot().waiting == 0)
     # Every reserved call answered (0.6 s held), the requests still busy with KCP: nothing of
     # theirs is left in front of Director, though they have not finished.
-    assert g._admitted.outstanding == 6
+    assert g._ledger.outstanding == 6
     assert g._queued_calls() == pytest.approx(0.0, abs=1e-9)
     written.set()
     await asyncio.gather(*tasks)
-    await asyncio.sleep(0)
-    assert (g._admitted.outstanding, g._admitted.started) == (0, 0)
+    assert (g._ledger.outstanding, g._ledger.started) == (0, 0)
     assert g.schedule.latency == pytest.approx(0.1)
 
 
-async def test_a_task_that_reserves_again_has_finished_its_last_request() -> None:
+async def test_a_request_that_made_fewer_calls_than_it_reserved_is_priced_by_those_made() -> None:
     clock = Clock()
     g = limiter(clock, max_concurrency=1, queue_timeout=100.0)
 
@@ -278,12 +270,14 @@ async def test_a_task_that_reserves_again_has_finished_its_last_request() -> Non
         clock.now += 0.4
 
     for i in range(3):
-        g.reserve(f"rt-{i}", calls=2)
-        await g.call(fn)
-        assert g._admitted.outstanding == 2  # only the request it serves now
+        reservation = g.reserve(f"rt-{i}", calls=2)
+        await g.call(fn, reservation=reservation)
+        assert g._ledger.outstanding == 2  # only the request it serves now
+        g.finish(reservation)
     # Each made one of the two calls it reserved: priced by the call it made (0.4 s), not
     # half of it (the estimate fell just when Director was slow enough to hold calls back).
-    assert g.schedule.latency == pytest.approx(0.1 + 0.2 * (0.4 - 0.1) + 0.2 * (0.4 - 0.16))
+    # Three samples of 0.4 s, each moving the estimate a fifth of the way from 0.1 s.
+    assert g.schedule.latency == pytest.approx(0.4 - (0.4 - 0.1) * 0.8**3)
 
 
 async def test_a_request_s_calls_are_not_owed_twice_nor_counted_as_unreserved() -> None:
@@ -300,8 +294,9 @@ async def test_a_request_s_calls_are_not_owed_twice_nor_counted_as_unreserved() 
         clock.now += 0.1
 
     async def request() -> None:
-        g.reserve("rt", calls=2)
-        await g.call(register, then=1)
+        reservation = g.reserve("rt", calls=2)
+        await g.call(register, reservation=reservation, then=1)
+        g.finish(reservation)
 
     holder = asyncio.create_task(g.call(hold))
     await inside.wait()
@@ -311,7 +306,6 @@ async def test_a_request_s_calls_are_not_owed_twice_nor_counted_as_unreserved() 
     assert g._queued_calls() == 2
     release.set()
     await asyncio.gather(holder, task)
-    await asyncio.sleep(0)
     assert g._queued_calls() == 0
 
 
@@ -393,14 +387,20 @@ async def test_a_call_for_a_waiting_caller_leaves_only_if_its_answer_is_back_by_
         return fn
 
     async def request() -> None:
-        g.reserve("rt-1", calls=2, deadline=clock.now + 1.0)
+        reservation = g.reserve("rt-1", calls=2, deadline=clock.now + 1.0)
         # The registration goes on without looking at the caller: the next request needs it.
-        await g.call(director("register", 0.3))
+        await g.call(director("register", 0.3), reservation=reservation)
         clock.now += 0.65  # the broker's own work (the mapping written to KCP) ran long
         # 0.95 s spent: the token's answer would come at 1.05 s, after the caller's deadline.
         with pytest.raises(CapacityReserved) as info:
-            await g.call(director("token", 0.1), follow_up=True, caller_present=there)
+            await g.call(
+                director("token", 0.1),
+                reservation=reservation,
+                follow_up=True,
+                caller_present=there,
+            )
         assert info.value.slug == "capacity-booked"
+        g.finish(reservation)
 
     await asyncio.create_task(request())
     assert sent == ["register"]  # no one-time token made for an answer nobody would get
@@ -409,8 +409,12 @@ async def test_a_call_for_a_waiting_caller_leaves_only_if_its_answer_is_back_by_
     assert g.snapshot().in_flight == 0  # the slot was given back
 
     async def back() -> None:
-        g.reserve("rt-1", calls=1, deadline=clock.now + 1.0)  # admitted on its reservation
-        await g.call(director("token", 0.1), follow_up=True, caller_present=there)
+        # admitted on its reservation
+        reservation = g.reserve("rt-1", calls=1, deadline=clock.now + 1.0)
+        await g.call(
+            director("token", 0.1), reservation=reservation, follow_up=True, caller_present=there
+        )
+        g.finish(reservation)
 
     await asyncio.create_task(back())
     assert sent == ["register", "token"]
@@ -445,12 +449,15 @@ async def test_first_calls_the_slots_cannot_serve_in_time_leave_at_once_keeping_
     served: list[str] = []
 
     async def request(key: str) -> None:
-        g.reserve(key, calls=2)
+        reservation = g.reserve(key, calls=2)
 
         async def register() -> None:
             served.append(key)
 
-        await g.call(register, then=1)
+        try:
+            await g.call(register, reservation=reservation, then=1)
+        finally:
+            g.finish(reservation)  # as the token path does once its request is answered
 
     holder = asyncio.create_task(g.call(hold))
     await holding.wait()
@@ -491,12 +498,12 @@ async def test_a_request_that_would_not_surely_end_by_its_deadline_leaves_the_qu
         clock.now += 1.0  # 0.28 s a call on average now, the slowest recent call 1 s
 
     async def request(key: str) -> None:
-        g.reserve(key, calls=2, deadline=103.0)
+        reservation = g.reserve(key, calls=2, deadline=103.0)
 
         async def register() -> None:
             return None
 
-        await g.call(register, then=1)
+        await g.call(register, reservation=reservation, then=1)
 
     holder = asyncio.create_task(g.call(hold))
     await holding.wait()
@@ -522,12 +529,12 @@ async def test_as_many_waiters_as_slots_stay_whatever_their_deadline() -> None:
         clock.now += 1.0
 
     async def request(key: str) -> str:
-        g.reserve(key, calls=2, deadline=101.5)  # none of them can end by then
+        reservation = g.reserve(key, calls=2, deadline=101.5)  # none of them can end by then
 
         async def register() -> str:
             return key
 
-        return await g.call(register, then=1)
+        return await g.call(register, reservation=reservation, then=1)
 
     holders = [asyncio.create_task(g.call(hold)) for _ in range(2)]
     await holding.wait()
@@ -561,8 +568,8 @@ async def test_a_follow_up_is_not_sent_out_of_the_queue() -> None:
         # Its deadline is too near for two calls at the estimate to come: a first call would
         # leave the queue. The token of a request that registered goes first anyway, and is
         # held to the deadline when it has a slot (`_refuse_if_late`, with a caller to ask).
-        g.reserve("rt", calls=2, deadline=clock.now + 0.5)
-        return await g.call(token, follow_up=True)
+        reservation = g.reserve("rt", calls=2, deadline=clock.now + 0.5)
+        return await g.call(token, reservation=reservation, follow_up=True)
 
     holder = asyncio.create_task(g.call(hold))
     await holding.wait()

@@ -25,6 +25,7 @@ from control_plane_broker.errors import (
     IdentityNotProven,
     ModuleNotEnabled,
     RateLimited,
+    RuntimeApiSilent,
     RuntimeNotFound,
     RuntimeRevoked,
 )
@@ -35,6 +36,7 @@ from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload import circuit_breaker as cb
 from control_plane_broker.overload.director_limiter import CallerPresent, DirectorLimiter
 from control_plane_broker.overload.rate_limit import BucketPolicy, RateLimiter
+from control_plane_broker.overload.reservations import Reservation
 from control_plane_broker.registration.service import Registered
 from control_plane_broker.registration.state import Mapping as MappingRecord
 from control_plane_broker.revocation.revocation_gate import RevocationGate
@@ -94,6 +96,8 @@ class Recorder:
     asked: list[str] = field(default_factory=list)
     tokens: list[tuple[str, str, bool]] = field(default_factory=list)
     statuses: list[tuple[str, Any]] = field(default_factory=list)
+    # what each Director call of the request was counted on: (call, reservation)
+    reservations: list[tuple[str, Reservation | None]] = field(default_factory=list)
     synced: bool = True
     mapping_view: MappingView = field(default_factory=lambda: MappingView({}))
     events: EventLog = field(default_factory=lambda: EventLog([]))
@@ -123,8 +127,11 @@ class Registration:
     def known(self, kyma: KymaView) -> Registered | None:
         return self._r.known
 
-    async def is_gone(self, registered: Registered) -> bool:
+    async def is_gone(
+        self, registered: Registered, *, reservation: Reservation | None = None
+    ) -> bool:
         self._r.asked.append(f"runtime {registered.compass_id}")
+        self._r.reservations.append(("runtime", reservation))
         return registered.compass_id in self._r.gone
 
     async def forget(self, name: str, compass_id: str) -> tuple[None, bool]:
@@ -133,8 +140,11 @@ class Registration:
         self._r.token_error = None  # the runtime registered again gets its tokens
         return None, True
 
-    async def ensure_registered(self, kyma: KymaView, *, fresh: object = None) -> Registered:
+    async def ensure_registered(
+        self, kyma: KymaView, *, fresh: object = None, reservation: Reservation | None = None
+    ) -> Registered:
         self._r.asked.append(f"register {kyma.name}")
+        self._r.reservations.append(("register", reservation))
         await asyncio.sleep(0)
         return REGISTERED
 
@@ -148,9 +158,11 @@ class Director:
         *,
         tenant: str,
         runtime_id: str,
+        reservation: Reservation | None = None,
         follow_up: bool = False,
         caller_present: CallerPresent | None = None,
     ) -> OneTimeToken:
+        self._r.reservations.append(("token", reservation))
         await asyncio.sleep(0)
         if caller_present is not None and not await caller_present():
             raise CallerGone("gone")  # what the director_limiter does (test_director.py)
@@ -255,18 +267,23 @@ async def test_the_first_contact_limit_is_told_when_the_identity_check_is_over_p
 ):
     w = world()
 
-    def checked() -> None:
-        w.recorder.asked.append("identity checked")
+    def checked(*, timed_out: bool) -> None:
+        w.recorder.asked.append(f"identity checked, timed out: {timed_out}")
 
     w.recorder.proof_error = IdentityNotProven("bad proof", reason="invalid")
     with pytest.raises(IdentityNotProven):
         await w.issuer.issue("rt-1", HEADERS, identity_checked=checked)
-    assert w.recorder.asked == ["verify rt-1", "identity checked"]
+    assert w.recorder.asked == ["verify rt-1", "identity checked, timed out: False"]
+    # The runtime's API server gave no answer: told so, the hold is no measure of the limit.
+    w.recorder.proof_error = RuntimeApiSilent("runtime API server unreachable", retry_after=5)
+    with pytest.raises(RuntimeApiSilent):
+        await w.issuer.issue("rt-1", HEADERS, identity_checked=checked)
+    assert w.recorder.asked[2:] == ["verify rt-1", "identity checked, timed out: True"]
     w.recorder.proof_error = None
     await w.issuer.issue("rt-1", HEADERS, identity_checked=checked)
     # Told before anything else happens: the request may now wait for Director for long.
-    assert w.recorder.asked[2:4] == ["verify rt-1", "identity checked"]
-    assert len(w.recorder.asked) > 4
+    assert w.recorder.asked[4:6] == ["verify rt-1", "identity checked, timed out: False"]
+    assert len(w.recorder.asked) > 6
 
 
 async def test_policy_refusals_cost_no_capacity_and_no_rate() -> None:
@@ -300,6 +317,19 @@ async def test_an_unknown_runtime_reserves_two_calls_and_its_token_follows_up() 
     assert w.recorder.tokens == [("ga", "c-1", True)]  # served before first calls
     assert w.director_limiter.schedule.reserved_until == w.clock.now + 0.25
     assert w.recorder.statuses == [("issued", REGISTERED)]
+
+
+async def test_the_registration_and_the_token_are_counted_on_the_requests_one_reservation() -> None:
+    w = world()
+    arrived = w.clock.now - 2.0
+    await w.issuer.issue("rt-1", HEADERS, arrived_at=arrived)
+    [(first, registration), (second, token)] = w.recorder.reservations
+    assert (first, second) == ("register", "token")
+    assert registration is token is not None
+    assert (token.key, token.calls) == ("rt-1", 2)
+    assert token.deadline == arrived + Settings().request_deadline_seconds
+    assert token.finished  # the request is answered: it is out of the queue in front of Director
+    assert w.director_limiter._ledger.outstanding == 0
 
 
 async def test_every_caller_gets_its_own_token() -> None:

@@ -67,17 +67,22 @@ async def cold_start(
             return clock() < gone_at
 
         known = key in registered
-        limiter.refuse_if_open(key, calls=1 if known else 2)
-        limiter.reserve(key, calls=1 if known else 2, deadline=clock() + DEADLINE)
-        if not known:
-            await limiter.call(director("registerRuntime"), subject=key, then=1)
-            registered.add(key)
-        await limiter.call(
-            director("requestOneTimeTokenForRuntime"),
-            subject=key,
-            follow_up=not known,
-            caller_present=present,
-        )
+        reservation = limiter.reserve(key, calls=1 if known else 2, deadline=clock() + DEADLINE)
+        try:
+            if not known:
+                await limiter.call(
+                    director("registerRuntime"), reservation=reservation, subject=key, then=1
+                )
+                registered.add(key)
+            await limiter.call(
+                director("requestOneTimeTokenForRuntime"),
+                reservation=reservation,
+                subject=key,
+                follow_up=not known,
+                caller_present=present,
+            )
+        finally:
+            limiter.finish(reservation)
 
     async def agent(key: str) -> float:
         await asyncio.sleep(rng.uniform(0.0, spread))
