@@ -52,7 +52,7 @@ stays the default: no build, and the faults and scale
 the real one cannot give (docs/compass-simulator.md). --agent-pod gives runtime A a real node
 (devenv/node: kubelet, containerd, runc, controller manager, scheduler, kube-proxy) where its
 agent runs as a pod from the module's manifest and make image's image, with its kubelet-projected
-token; it combines with the others but --klm.
+token; it combines with the others.
 --klm lets the real lifecycle-manager (built once by `make klm`, docs/module.md) install the
 agent's module in runtime A from make module's output in a local OCI registry, instead of the
 demo's imitation. --all-real is the whole real path in one option: --real-director
@@ -174,7 +174,7 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, Path | None]:
     if why is None and args.real_connector:
         why = _real_connector_refusal(args.real_director)
     if why is None and args.klm:
-        why = real_klm.why_not_here(agent_pod=args.agent_pod)
+        why = real_klm.why_not_here()
     args.agent_image = None
     if why is None and args.agent_pod:  # last: it may build the image
         args.agent_image, why = agent_pod.prepare()

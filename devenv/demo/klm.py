@@ -5,15 +5,18 @@ CRDs and the cert-manager and Istio CRDs it caches, the watcher's Istio Gateway 
 runtimes' KCP_ADDR) and the Secrets cert-manager would issue, and an OCI registry holding
 `make module`'s output as modulectl and `ocm transfer` lay it out. KLM reads the module from that
 registry, creates runtime A's Kyma `kyma-system/default`, and applies the manifest there when the
-user lists the module. Runtime A has no kubelet: the agent Deployment's status is written from
+user lists the module. Without a node in runtime A the agent Deployment's status is written from
 agent A's own `/readyz` (devenv.klm.RolloutStandIn), so the module state KLM computes from it says
-whether the agent is ready. KLM and the registry stop with the demo.
+whether the agent is ready; with `--agent-pod` the node's controller manager writes it, and the
+registry holds the manifest's pod variant (make image's image, the broker's node address). KLM
+and the registry stop with the demo.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,16 +36,8 @@ CONFIG = km.load_config()
 MODULE = CONFIG.short_name  # compass-agent
 
 
-def why_not_here(*, agent_pod: bool) -> str | None:
+def why_not_here() -> str | None:
     """Why --klm cannot run here, or None; builds nothing (the story builds on a cold cache)."""
-    if agent_pod:
-        # KLM installs make module's manifest unchanged; the pod needs make image's image,
-        # imagePullPolicy Never and the broker's node address in it (devenv/demo/agent_pod.py).
-        return (
-            "--klm does not combine with --agent-pod yet: KLM installs make module's manifest "
-            "unchanged, and runtime A's pod needs make image's image and the broker's node "
-            "address in it"
-        )
     result = subprocess.run(
         ["bash", str(klm.BUILD), "--find-source"], capture_output=True, text=True, check=False
     )
@@ -63,12 +58,22 @@ class RealLifecycleManager:
     _stand_ins: list[klm.RolloutStandIn] = field(default_factory=list, repr=False)
 
     @classmethod
-    def start(cls, kcp: TestCluster, helm: Path, workdir: Path) -> RealLifecycleManager:
+    def start(
+        cls,
+        kcp: TestCluster,
+        helm: Path,
+        workdir: Path,
+        *,
+        manifest: Sequence[Mapping[str, Any]] | None = None,
+    ) -> RealLifecycleManager:
         """Builds KLM on a cold cache (minutes), writes `make module`'s output, prepares KCP,
-        starts the registry and KLM, and publishes the module there."""
+        starts the registry and KLM, and publishes the module there (with `manifest` in the
+        place of the raw manifest, where given)."""
         build = klm.find_klm()
         module_files = workdir / "module"
         km.build(helm, module_files)
+        if manifest is not None:
+            (module_files / km.MANIFEST_FILE).write_text(km.dump_manifest(manifest))
         stack = ExitStack()
         try:
             landscape = stack.enter_context(klm.running(build, kcp, workdir))
@@ -195,6 +200,11 @@ def states(kcp: TestCluster, spec: RuntimeSpec) -> tuple[str | None, str | None]
         None if module is None else module.get("state"),
         ((kyma or {}).get("status") or {}).get("state"),
     )
+
+
+def module_ready(kcp: TestCluster, spec: RuntimeSpec) -> str | None:
+    module, _ = states(kcp, spec)
+    return module if module == "Ready" else None
 
 
 def ready(kcp: TestCluster, spec: RuntimeSpec) -> tuple[str, str] | None:

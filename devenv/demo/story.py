@@ -294,7 +294,14 @@ class Demo:
         workdir = self.workdir / "klm"
         workdir.mkdir(parents=True, exist_ok=True)
         try:
-            self.klm = real_klm.RealLifecycleManager.start(self.kcp, binaries.helm, workdir)
+            self.klm = real_klm.RealLifecycleManager.start(
+                self.kcp,
+                binaries.helm,
+                workdir,
+                # Runtime A's pod runs make image's image and reaches the broker on the node's
+                # host address: the component carries that variant of the manifest.
+                manifest=self._pod_manifest() if self.options.agent_image else None,
+            )
         except real_klm.klm.KlmUnavailable as exc:
             raise StepFailed(f"--klm needs lifecycle-manager's source: {exc}") from exc
         except (RuntimeError, OSError, kyma_module.ManifestError) as exc:
@@ -561,11 +568,7 @@ class Demo:
             by_klm = spec.managed and self.klm is not None
             world.prepare_runtime(cluster, spec, real_klm=by_klm)
             runtime = Runtime(spec, cluster, self.secrets_dir / f"sa-token-{name}")
-            manifest = self.manifest
-            if self._is_pod(runtime):
-                broker_url = f"http://{self.broker_host}:{self.broker_port}"
-                env = {"AGENT_BROKER_URL": broker_url, **AGENT_TIMERS}
-                manifest = agent_pod.pod_manifest(self.manifest, env=env)
+            manifest = self._pod_manifest() if self._is_pod(runtime) else self.manifest
             if by_klm:
                 self._install_by_klm(runtime)
             else:
@@ -575,7 +578,7 @@ class Demo:
             if self._is_pod(runtime):
                 self.story.detail(
                     f"{spec.title}: the Deployment runs as a pod (image {image.image_name()}, "
-                    f"broker {broker_url}); the kubelet projects its token"
+                    f"broker {self._pod_broker_url}); the kubelet projects its token"
                 )
                 continue
             world.agent_kubeconfig(cluster, runtime.kubeconfig)
@@ -597,6 +600,15 @@ class Demo:
             f"projects them ({processes} as a process, with the module's ServiceAccount and the "
             "Deployment's environment)"
         )
+
+    @property
+    def _pod_broker_url(self) -> str:
+        return f"http://{self.broker_host}:{self.broker_port}"
+
+    def _pod_manifest(self) -> list[dict[str, Any]]:
+        """The module's manifest as runtime A's pod runs it here (devenv/demo/agent_pod.py)."""
+        env = {"AGENT_BROKER_URL": self._pod_broker_url, **AGENT_TIMERS}
+        return agent_pod.pod_manifest(self.manifest, env=env)
 
     def _install_by_klm(self, runtime: Runtime) -> None:
         """The user lists the module in the Kyma KLM made; KLM installs it from the registry."""
@@ -642,6 +654,12 @@ class Demo:
             "of it (https only); the demo's broker is plain http on this host, so AGENT_BROKER_URL "
             "names it"
         )
+        if self._is_pod(runtime):
+            self.story.detail(
+                f"{title}: the kubelet runs its pod; kube-controller-manager writes the "
+                "Deployment's status, and lifecycle-manager reads it as the module state"
+            )
+            return
         self.story.detail(
             f"{title}: no kubelet: the Deployment's status is written from agent A's /readyz, "
             "and lifecycle-manager reads it as the module state"
@@ -759,20 +777,41 @@ class Demo:
                     f":{runtime_agent.METRICS_PORT}): the other runtime keeps the simulated one"
                 )
         if self.klm is not None:
-            spec = self.specs["A"]
+            self._module_ready_in_kcp(self.klm, self.runtimes["A"])
+        self.story.done("agents ready and idle: the module is not enabled anywhere yet")
+
+    def _module_ready_in_kcp(self, klm: real_klm.RealLifecycleManager, runtime: Runtime) -> None:
+        spec = runtime.spec
+        if not self._is_pod(runtime):
             module, kyma = self.story.wait_for(
                 f"KCP: the Kyma of {spec.title} says module {real_klm.MODULE} Ready (from agent "
                 "A's readiness) and Kyma Ready",
                 functools.partial(real_klm.ready, self.kcp, spec),
                 timeout=self._timeout(90),
                 guard=self._guard,
-                logs=[self.klm.log],
+                logs=[klm.log],
             )
             self.story.detail(
                 f"Kyma {world.KCP_NAMESPACE}/{spec.kyma_name}: module {real_klm.MODULE} {module}, "
                 f"Kyma {kyma} (lifecycle-manager's status)"
             )
-        self.story.done("agents ready and idle: the module is not enabled anywhere yet")
+            return
+        # On a node the kubelet also tries KLM's skr-webhook pod, whose runtime-watcher image no
+        # registry here serves: KLM holds the Kyma in Error for it, the module state is apart.
+        module = self.story.wait_for(
+            f"KCP: the Kyma of {spec.title} says module {real_klm.MODULE} Ready (from the "
+            "Deployment status kube-controller-manager writes)",
+            functools.partial(real_klm.module_ready, self.kcp, spec),
+            timeout=self._timeout(90),
+            guard=self._guard,
+            logs=[klm.log],
+        )
+        _, kyma_state = real_klm.states(self.kcp, spec)
+        self.story.detail(
+            f"Kyma {world.KCP_NAMESPACE}/{spec.kyma_name}: module {real_klm.MODULE} {module}, "
+            f"Kyma {kyma_state} (lifecycle-manager's status; KLM's skr-webhook pod cannot pull its "
+            "runtime-watcher image here)"
+        )
 
     def _start_agent(self, runtime: Runtime) -> None:
         spec = runtime.spec
@@ -1161,7 +1200,9 @@ class Demo:
             guard=self._guard,
             logs=[self.klm.log],
         )
-        if runtime.agent is not None:
+        if runtime.agent is None:
+            self.story.detail("the kubelet stops agent A's pod")
+        else:
             self.processes.stop(runtime.agent)
             self.story.detail("agent A stopped, as a kubelet stops the pod of a deleted Deployment")
         self.story.wait_for(

@@ -333,7 +333,7 @@ def test_options_that_cannot_work_here_are_refused_at_once(
     assert not (tmp_path / "demo").exists()
 
 
-def test_klm_is_refused_without_its_build_or_with_a_pod(
+def test_klm_is_refused_without_its_build_or_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No build in the cache and no source (build.sh exits 3): said with build.sh's reason.
@@ -346,10 +346,6 @@ def test_klm_is_refused_without_its_build_or_with_a_pod(
         "not here: set KLM_SRC"
     )
     assert not (tmp_path / "cache" / "kyma-compass-pull").exists()  # nothing built or unpacked
-    # KLM installs make module's manifest unchanged; runtime A's pod needs another one.
-    refusal, _ = cli.preflight(cli.build_parser().parse_args(["--klm", "--agent-pod"]))
-    assert refusal is not None
-    assert refusal.startswith("--klm does not combine with --agent-pod yet: ")
 
 
 @pytest.mark.timeout(120)
@@ -450,7 +446,7 @@ def test_the_demo_on_the_whole_real_path(tmp_path: Path) -> None:
     ]
     if refusal is not None:
         pytest.skip(refusal)
-    refusal = real_klm.why_not_here(agent_pod=False)
+    refusal = real_klm.why_not_here()
     if refusal is not None:
         pytest.skip(refusal)
     workdir = tmp_path / "demo"
