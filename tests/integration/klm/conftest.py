@@ -303,9 +303,9 @@ def node() -> Iterator[NodeCluster]:
 
 @pytest.fixture(scope="module")
 async def node_runtime(
+    node: NodeCluster,  # first: where the node is busy or cannot run, nothing else starts
     landscape: klm.Landscape,
     module_files: Path,
-    node: NodeCluster,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[NodeRuntime]:
     """The module published for a node, then the node's cluster given to KCP as a runtime.
