@@ -56,7 +56,8 @@ token; it combines with the others.
 --klm lets the real lifecycle-manager (built once by `make klm`, docs/module.md) install the
 agent's module in runtime A from make module's output in a local OCI registry, instead of the
 demo's imitation. --all-real is the whole real path in one option: --real-director
---real-connector --real-runtime-agent --klm (what is still a stand-in: docs/real-compass.md).
+--real-connector --real-runtime-agent --klm --agent-pod, refused where one of them cannot run
+(what is still a stand-in: docs/real-compass.md).
 
 Logs of every process go to <work folder>/logs; the list of processes (pid, command) to
 <work folder>/processes.json. Keys, tokens and cluster data are removed when the demo stops.
@@ -121,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--all-real",
         action="store_true",
-        help="the whole real path: --real-director --real-connector --real-runtime-agent --klm",
+        help="the whole real path: --real-director --real-connector --real-runtime-agent --klm "
+        "--agent-pod",
     )
     parser.add_argument(
         "--timeout-scale",
@@ -161,11 +163,20 @@ def _real_connector_refusal(real_director: bool) -> str | None:
 def preflight(args: argparse.Namespace) -> tuple[str | None, Path | None]:
     """(why an option cannot work here, or None; the real runtime agent's build folder).
 
-    With --agent-pod, `args.agent_image` becomes the image's archive (built, or found cached)."""
+    With --agent-pod, `args.agent_image` becomes the image's archive (built, or found cached).
+    --all-real sets each option of the whole real path; a refusal then names it too."""
+    if args.all_real:
+        args.real_director = args.real_connector = args.real_runtime_agent = True
+        args.klm = args.agent_pod = True
+    why, folder = _preflight(args)
+    if why is not None and args.all_real:
+        why = f"--all-real: {why}"
+    return why, folder
+
+
+def _preflight(args: argparse.Namespace) -> tuple[str | None, Path | None]:
     if args.timeout_scale <= 0:
         return "--timeout-scale must be positive", None
-    if args.all_real:
-        args.real_director = args.real_connector = args.real_runtime_agent = args.klm = True
     why = None
     if args.real_director:
         where, reason = find_compass_source()

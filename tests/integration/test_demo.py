@@ -6,7 +6,9 @@ story run and checks what it says it did (the steps in order, the back-off while
 the summary table) and that it leaves no process and no key behind. The same story runs on the
 real Director (`--real-director`, skipped where its source cannot be had) and with the real
 compass-runtime-agent in runtime B (`--real-runtime-agent`, skipped without root, unshare or its
-source; about a minute more, for its resyncs). Another test interrupts the demo in the middle, as
+source; about a minute more, for its resyncs), and on the whole real path but the node: real
+Director, Connector, hydrator, Oathkeeper, compass-runtime-agent and lifecycle-manager (about 25 s
+more than without KLM). Another test interrupts the demo in the middle, as
 Ctrl-C would, and checks the same clean-up; one checks that options that cannot work here are
 refused at once. All start their own clusters through the demo (not the session fixtures).
 """
@@ -328,8 +330,14 @@ def test_options_that_cannot_work_here_are_refused_at_once(
     )
     # The whole real path is refused with the first part that cannot run, at once (exit 2).
     refusal, _ = cli.preflight(cli.build_parser().parse_args(["--all-real"]))
-    assert refusal == "--real-director needs the pinned Compass source: no source in /nowhere"
+    assert refusal == (
+        "--all-real: --real-director needs the pinned Compass source: no source in /nowhere"
+    )
     assert cli.main(["--workdir", str(tmp_path / "demo"), "--all-real"]) == 2
+    args = cli.build_parser().parse_args(["--all-real"])
+    cli.preflight(args)
+    real = ("real_director", "real_connector", "real_runtime_agent", "klm", "agent_pod")
+    assert all(getattr(args, option) for option in real)
     assert not (tmp_path / "demo").exists()
 
 
@@ -432,11 +440,13 @@ def test_the_demo_with_the_real_compass_runtime_agent(tmp_path: Path) -> None:
     assert took_seconds(out) < 240
 
 
-# The whole real path (--all-real): the real Director, Connector, hydrator and Oathkeeper take the
-# broker's tokens, the real agent syncs over the certificate-secured side (our front in Istio's
-# place), and the real lifecycle-manager installs runtime A's module from make module's output.
+# The whole real path but the node (--all-real without --agent-pod: a node is one per machine,
+# and the node tests hold the session's): the real Director, Connector, hydrator and Oathkeeper
+# take the broker's tokens, the real agent syncs over the certificate-secured side (our front in
+# Istio's place), and the real lifecycle-manager installs runtime A's module from make module's
+# output.
 @pytest.mark.timeout(420)
-def test_the_demo_on_the_whole_real_path(tmp_path: Path) -> None:
+def test_the_demo_on_the_whole_real_path_but_the_node(tmp_path: Path) -> None:
     where, reason = find_compass_source()
     if where is None:
         pytest.skip(f"the real Compass Director cannot be built here: {reason}")
@@ -450,7 +460,8 @@ def test_the_demo_on_the_whole_real_path(tmp_path: Path) -> None:
     if refusal is not None:
         pytest.skip(refusal)
     workdir = tmp_path / "demo"
-    out = run_demo(workdir, "--all-real", timeout=400)
+    real = ["--real-director", "--real-connector", "--real-runtime-agent", "--klm"]
+    out = run_demo(workdir, *real, timeout=400)
     check_story(
         out,
         compass=(
