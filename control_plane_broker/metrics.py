@@ -183,7 +183,7 @@ class Metrics:
         self.first_contacts_waiting.set_function(compute)
 
     def watch_director(self, compute: Callable[[], DirectorLoad]) -> None:
-        """The Director admission gauges come from `compute`, called at scrape time."""
+        """The Director load gauges come from `compute`, called at scrape time."""
         self._director.compute = compute
 
     def on_task_started(self, task: str) -> None:
@@ -214,7 +214,7 @@ class Metrics:
 
 
 class DirectorCollector(Collector):
-    """Director admission gauges, read from the Director limiter when scraped: whether calls wait
+    """Director load gauges, read from the Director limiter when scraped: whether calls wait
     for the broker's slots (the broker is the limit) or the capacity schedule is reserved far
     ahead (Director is)."""
 

@@ -60,6 +60,7 @@ from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload import circuit_breaker as cb
 from control_plane_broker.overload.deferred_writes import DeferredWrites
 from control_plane_broker.overload.director_limiter import DirectorLimiter
+from control_plane_broker.overload.identity_budget import IdentityBudget
 from control_plane_broker.overload.rate_limit import BucketPolicy, RateLimiter
 from control_plane_broker.registration.service import Hook, RegistrationService
 from control_plane_broker.registration.state import Mapping
@@ -318,8 +319,9 @@ def director_side(
 def identity(
     settings: Settings, *, kcp: ControlPlane, stack: AsyncExitStack, metrics: Metrics
 ) -> CountingVerifier:
-    """The proof of the identity mode, with BYOC enrolment where it applies, behind the cheap
-    refusals (a failure budget and a share per runtime ID), counted."""
+    """The proof of the identity mode, with BYOC enrolment where it applies, behind the identity
+    budget (a failure budget and a share per runtime ID, `overload/identity_budget`) in the
+    bearer modes, behind the cheap refusals, counted."""
     keys_http = httpx.AsyncClient(
         timeout=httpx.Timeout(10.0),
         limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
@@ -375,16 +377,18 @@ def identity(
             clock=mono,
             wall=wall,
         )
+    if mode != "xfcc":  # a check of a forwarded certificate costs no request: no budget
+        inner = IdentityBudget(
+            inner,
+            budget=BucketPolicy(
+                burst=settings.identity_failure_burst,
+                per_second=settings.identity_failures_per_minute / 60,
+            ),
+            per_runtime=settings.first_contacts_per_runtime,
+            clock=mono,
+        )
     screened = ScreeningVerifier(
-        inner,
-        kymas=kcp.kymas,
-        audience=settings.audience if mode != "xfcc" else None,
-        budget=BucketPolicy(
-            burst=settings.identity_failure_burst,
-            per_second=settings.identity_failures_per_minute / 60,
-        ),
-        per_runtime=settings.first_contacts_per_runtime,
-        clock=mono,
+        inner, kymas=kcp.kymas, audience=settings.audience if mode != "xfcc" else None
     )
     return CountingVerifier(screened, metrics)
 

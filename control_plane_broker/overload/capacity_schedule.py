@@ -36,9 +36,10 @@ Refinements, each from a measurement (the decision records below):
   mapping written to KCP) and counts only in the reservations (`reserved_until`).
 - The deadline: a new request is admitted only when its wait and its calls end before its
   caller stops waiting, counted from its arrival in the broker, so the time it spent in front
-  (the first-contact limit, the identity check) counts. The broker's own time after admission
-  (its KCP writes) is not estimated: the call whose answer the caller waits for (the token)
-  leaves only when its answer can be back in time (`DirectorLimiter.call`, docs/overload.md).
+  (the first-contact limit, the identity check) counts. The broker's own time after its
+  reservation (its KCP writes) is not estimated: the call whose answer the caller waits for
+  (the token) leaves only when its answer can be back in time (`DirectorLimiter.call`,
+  docs/overload.md).
 
 Holds: pure (the clock is an argument); no request waits longer than `max_wait` for its
 reservation by the estimate, also one that comes back while the queue in front of Director is
@@ -79,8 +80,8 @@ class DirectorLoad:
 
 
 @dataclass(frozen=True)
-class Admitted:
-    pass
+class Admit:
+    """The request may queue for Director's slots now."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Deferred:
     aim_early: bool = True
 
 
-Verdict = Admitted | Deferred
+Verdict = Admit | Deferred
 
 
 @dataclass
@@ -185,15 +186,15 @@ class CapacitySchedule:
                     return Deferred(wait=reservation.start + self.shift - now, aim_early=False)
                 self._drop(key)  # its capacity was reserved when it was deferred
                 if not_before is None:
-                    return Admitted()
+                    return Admit()
         # Whether it may queue now is judged at the average (the queue must not outlast
         # `max_wait`); where its reservation ends, which is where the next deferred one starts,
         # at the spacing ahead (see above), admitted or not.
         spacing = self.seconds_per_call_ahead()
         start = max(self.reserved_until, now + queued_calls * spacing)
-        if not_before is None and self._admissible(now, queued_calls, calls, deadline):
+        if not_before is None and self._in_time(now, queued_calls, calls, deadline):
             self.reserved_until = start + calls * spacing
-            return Admitted()
+            return Admit()
         if not_before is not None:
             start = max(start, not_before)
         self.reserved_until = start + calls * spacing
@@ -226,9 +227,7 @@ class CapacitySchedule:
             self._expiry = [(r.expires, r.seq, k) for k, r in self._reservations.items()]
             heapq.heapify(self._expiry)
 
-    def _admissible(
-        self, now: float, queued_calls: float, calls: int, deadline: float | None
-    ) -> bool:
+    def _in_time(self, now: float, queued_calls: float, calls: int, deadline: float | None) -> bool:
         wait = max(self.reserved_until, now + queued_calls * self.seconds_per_call()) - now
         if wait > self.max_wait:
             return False

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from control_plane_broker.overload import circuit_breaker as cb
-from control_plane_broker.overload.capacity_schedule import CapacitySchedule, Deferred
+from control_plane_broker.overload.capacity_schedule import Admit, CapacitySchedule, Deferred
 from control_plane_broker.overload.retry_after import reservation_wait
 
 
@@ -56,11 +56,6 @@ class Reservation:
     @property
     def finished(self) -> bool:
         return self.use.finished
-
-
-@dataclass(frozen=True)
-class Admit:
-    """The request may queue for Director's slots now."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from control_plane_broker.overload.capacity_schedule import (
-    Admitted,
+    Admit,
     CapacitySchedule,
     Deferred,
 )
@@ -19,11 +19,11 @@ def schedule(**kwargs: float) -> CapacitySchedule:
 SLOT = 1 / 16
 
 
-def test_requests_are_admitted_while_their_reservation_is_within_max_wait() -> None:
+def test_requests_queue_now_while_their_reservation_is_within_max_wait() -> None:
     cal = schedule()
     verdicts = [cal.reserve(f"rt-{i}", calls=1, now=0.0) for i in range(17)]
     # starts 0, 1/16, ..., 1.0: the 17th waits exactly max_wait and is still admitted
-    assert verdicts == [Admitted()] * 17
+    assert verdicts == [Admit()] * 17
     assert cal.reserved_until == 17 * SLOT
     assert cal.reservations() == 0
     late = cal.reserve("rt-17", calls=1, now=0.0)
@@ -33,15 +33,15 @@ def test_requests_are_admitted_while_their_reservation_is_within_max_wait() -> N
 
 def test_a_request_of_two_calls_reserves_twice_the_capacity() -> None:
     cal = schedule()
-    assert cal.reserve("a", calls=2, now=0.0) == Admitted()
+    assert cal.reserve("a", calls=2, now=0.0) == Admit()
     assert cal.reserved_until == 2 * SLOT
-    assert cal.reserve("b", calls=1, now=0.0) == Admitted()
+    assert cal.reserve("b", calls=1, now=0.0) == Admit()
     assert cal.reserved_until == 3 * SLOT
 
 
 def test_deferred_requests_are_told_their_own_reservations_spread_over_the_capacity() -> None:
     cal = schedule(max_wait=0.0)
-    assert cal.reserve("first", calls=1, now=10.0) == Admitted()
+    assert cal.reserve("first", calls=1, now=10.0) == Admit()
     waits = [cal.reserve(f"rt-{i}", calls=1, now=10.0) for i in range(4)]
     assert waits == [Deferred(wait=n * SLOT) for n in (1, 2, 3, 4)]
 
@@ -50,7 +50,7 @@ def test_an_idle_director_admits_at_once_whatever_was_reserved_long_ago() -> Non
     cal = schedule()
     for i in range(17):
         cal.reserve(f"rt-{i}", calls=1, now=0.0)
-    assert cal.reserve("later", calls=1, now=100.0) == Admitted()
+    assert cal.reserve("later", calls=1, now=100.0) == Admit()
     assert cal.reserved_until == 100.0 + SLOT
 
 
@@ -70,7 +70,7 @@ def test_a_reservation_is_honoured_when_the_agent_comes_back() -> None:
     assert cal.reserve("late", calls=1, now=0.5) == Deferred(wait=start - 0.5)
     assert cal.reserved_until == reserved
     # Back within max_wait of its reservation: admitted on the capacity kept for it.
-    assert cal.reserve("late", calls=1, now=start - 1.0) == Admitted()
+    assert cal.reserve("late", calls=1, now=start - 1.0) == Admit()
     assert cal.reserved_until == reserved
     assert cal.reservations() == 0
     # The reservation is used up: the next request of that runtime reserves anew.
@@ -81,7 +81,7 @@ def test_a_reservation_is_honoured_when_the_agent_comes_back() -> None:
 def test_a_reservation_is_honoured_until_it_expires() -> None:
     cal, start = deferred(reservation_grace=60.0)
     reserved = cal.reserved_until
-    assert cal.reserve("late", calls=1, now=start + 59.0) == Admitted()
+    assert cal.reserve("late", calls=1, now=start + 59.0) == Admit()
     assert cal.reserved_until == reserved  # on the reservation, not a new one
 
 
@@ -89,7 +89,7 @@ def test_an_expired_reservation_is_forgotten_and_the_request_reserves_anew() -> 
     cal, start = deferred(reservation_grace=60.0)
     now = start + 61.0
     # Booked like a new request: Director is idle by now, so admitted at once.
-    assert cal.reserve("late", calls=1, now=now) == Admitted()
+    assert cal.reserve("late", calls=1, now=now) == Admit()
     assert cal.reserved_until == now + SLOT
     assert cal.reservations() == 0
 
@@ -149,7 +149,7 @@ def test_expiry_drops_the_oldest_reservations_and_stops_at_the_first_still_valid
     cal.expire(13.0)  # rt-2 is valid until the end of 13
     assert cal.reservations() == 1
     # A reserve expires too, before it looks at its own key: rt-2, late, reserves anew.
-    assert cal.reserve("rt-2", calls=1, now=13.5) == Admitted()
+    assert cal.reserve("rt-2", calls=1, now=13.5) == Admit()
     assert cal.reservations() == 0
 
 
@@ -165,7 +165,7 @@ def test_a_reservation_waits_while_director_is_behind_the_schedule() -> None:
     assert cal.reservations() == 1
     # Back then, with the queue down to max_wait: admitted on its reservation, nothing
     # reserved twice (what is reserved after it moved back with it).
-    assert cal.reserve("late", calls=1, now=start + 2.0, queued_calls=16) == Admitted()
+    assert cal.reserve("late", calls=1, now=start + 2.0, queued_calls=16) == Admit()
     assert cal.reservations() == 0
     assert cal.reserved_until == reserved + 2.0
 
@@ -193,8 +193,8 @@ def test_when_director_falls_behind_every_later_wait_moves_back_in_order() -> No
         wait=reserved + 2.0 - 2.5
     )
     # At their moved starts, with the queue back within the promise, they are admitted.
-    assert cal.reserve("rt-0", calls=1, now=4.0, queued_calls=16) == Admitted()
-    assert cal.reserve("rt-5", calls=1, now=4.0 + 5 * SLOT, queued_calls=16) == Admitted()
+    assert cal.reserve("rt-0", calls=1, now=4.0, queued_calls=16) == Admit()
+    assert cal.reserve("rt-5", calls=1, now=4.0 + 5 * SLOT, queued_calls=16) == Admit()
     # The others never come back: a grace after their (moved) starts they are gone, and with
     # no reservation left to keep in order the next herd starts afresh.
     cal.expire(reserved + 2.0 + cal.reservation_grace + 0.1)
@@ -227,30 +227,30 @@ def test_reservations_far_ahead_are_srated_at_the_rate_of_the_fastest_recent_cal
     assert cal.seconds_per_call_ahead() == cal.seconds_per_call()
 
 
-def test_what_an_admitted_request_reserves_is_counted_at_the_fastest_recent_rate() -> None:
+def test_what_a_request_queued_now_reserves_is_counted_at_the_fastest_recent_rate() -> None:
     cal = slowed_by_a_burst()
     # Nothing queued: admitted, though the average prices each call far above 1/16 s ...
     assert cal.seconds_per_call() > 4 * SLOT
-    assert cal.reserve("admitted", calls=2, now=0.0) == Admitted()
+    assert cal.reserve("admitted", calls=2, now=0.0) == Admit()
     # ... and it holds Director for two calls at the pace Director showed, so the first
     # deferred reservation starts right behind it, not where the inflated average would put it.
     assert cal.reserved_until == 2 * SLOT
     assert cal.reserve("deferred", calls=1, now=0.0, queued_calls=4) == Deferred(wait=4 * SLOT)
 
 
-def test_a_new_request_is_admitted_only_when_its_wait_and_calls_end_before_its_deadline() -> None:
+def test_a_new_request_queues_now_only_when_its_wait_and_calls_end_before_its_deadline() -> None:
     cal = schedule()
     for i in range(8):  # 8 calls ahead: the next one starts 0.5 s from now
-        assert cal.reserve(f"rt-{i}", calls=1, now=0.0) == Admitted()
+        assert cal.reserve(f"rt-{i}", calls=1, now=0.0) == Admit()
     # 0.5 s wait + 2 calls of 0.125 s end at 0.75 s: within a deadline at 0.75.
-    assert cal.reserve("in-time", calls=2, now=0.0, deadline=0.75) == Admitted()
+    assert cal.reserve("in-time", calls=2, now=0.0, deadline=0.75) == Admit()
     # The next waits 0.625 s and its calls end at 0.875 s: past 0.85, though its wait is within
     # max_wait (the request spent the rest of its time in the broker before it asked).
     late = cal.reserve("late", calls=2, now=0.0, deadline=0.85)
     assert late == Deferred(wait=10 * SLOT)  # after everything reserved, as any deferral
     assert cal.reservations() == 1
     # At its reservation it is admitted: the wait is what was promised to it.
-    assert cal.reserve("late", calls=2, now=10 * SLOT, deadline=10 * SLOT) == Admitted()
+    assert cal.reserve("late", calls=2, now=10 * SLOT, deadline=10 * SLOT) == Admit()
 
 
 def test_a_request_already_past_its_deadline_is_deferred_even_with_director_idle() -> None:
@@ -258,21 +258,21 @@ def test_a_request_already_past_its_deadline_is_deferred_even_with_director_idle
     verdict = cal.reserve("slow-front", calls=1, now=5.0, deadline=4.0)
     assert verdict == Deferred(wait=0.0)
     assert cal.reservations() == 1
-    assert cal.reserve("no-deadline", calls=1, now=5.0) == Admitted()
+    assert cal.reserve("no-deadline", calls=1, now=5.0) == Admit()
 
 
 def test_a_request_sent_out_of_the_queue_keeps_its_place_before_later_reservations() -> None:
     cal = schedule()  # 1/16 s a call, max_wait 1 s
     # Admitted while 8 calls (0.5 s) queued; then 24 more queued (2 s) and a newcomer got a
     # reservation after them.
-    assert cal.reserve("admitted", calls=1, now=0.0, queued_calls=8) == Admitted()
+    assert cal.reserve("admitted", calls=1, now=0.0, queued_calls=8) == Admit()
     assert cal.reserve("later", calls=1, now=0.0, queued_calls=32) == Deferred(wait=2.0)
     reserved = cal.reserved_until
     # Director turned slow: the admitted request leaves the queue, 8 calls staying in front
     # of it. Its place is right after them, before the newcomer's, not after the last one.
     assert cal.hold_place("admitted", calls=1, now=0.0, queued_calls=8) == Deferred(wait=0.5)
     assert cal.reserved_until == reserved
-    assert cal.reserve("admitted", calls=1, now=0.5, queued_calls=8) == Admitted()
+    assert cal.reserve("admitted", calls=1, now=0.5, queued_calls=8) == Admit()
     assert cal.reservations() == 1
 
 

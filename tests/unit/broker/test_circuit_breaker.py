@@ -97,8 +97,8 @@ def test_would_refuse_answers_like_admit_without_changing_anything(
     breaker: cb.Breaker, now: float, refused: bool
 ) -> None:
     assert cb.would_refuse(breaker, POLICY, now) is refused
-    _, admission = cb.admit(breaker, POLICY, now)
-    assert admission.allowed is not refused
+    _, permit = cb.admit(breaker, POLICY, now)
+    assert permit.allowed is not refused
 
 
 def test_breaker_released_probe_lets_the_next_caller_probe() -> None:

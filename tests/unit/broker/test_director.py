@@ -450,7 +450,7 @@ async def test_a_call_whose_caller_hung_up_in_the_queue_does_not_reach_director(
     assert limiter._slots.waiting == 0
 
 
-async def test_the_admission_gauges_show_calls_in_flight_waiting_and_reserved_ahead() -> None:
+async def test_the_director_load_gauges_show_calls_in_flight_waiting_and_reserved_ahead() -> None:
     clock = Clock()
     limiter = DirectorLimiter(
         policy=cb.BreakerPolicy(failure_threshold=3, open_seconds=30),
@@ -474,7 +474,7 @@ async def test_the_admission_gauges_show_calls_in_flight_waiting_and_reserved_ah
     gauges = {
         name: float(value)
         for name, value in re.findall(r"^(broker_director_\w+) (\S+)$", text, re.MULTILINE)
-        if "labels_synced" not in name and "credentials" not in name  # not admission gauges
+        if "labels_synced" not in name and "credentials" not in name  # not load gauges
     }
     # Two calls queued: waits start 0.2 s ahead; 0.1 s each; admitted up to 1 s ahead, so
     # the ninth and tenth are deferred (reservations) and the schedule is reserved 1.2 s ahead.

@@ -14,7 +14,7 @@ import pytest
 from control_plane_broker.director.classification import DirectorRetryable
 from control_plane_broker.errors import CapacityReserved, CompassUnavailable
 from control_plane_broker.overload import circuit_breaker as cb
-from control_plane_broker.overload.capacity_schedule import Admitted, Deferred
+from control_plane_broker.overload.capacity_schedule import Admit, Deferred
 from control_plane_broker.overload.director_limiter import DirectorLimiter
 from control_plane_broker.overload.reservations import ReservationLedger
 from control_plane_broker.overload.retry_after import reservation_wait
@@ -247,7 +247,7 @@ async def test_reservations_count_in_the_queue_from_first_call_to_their_finish()
     # Their registrations wait for the slot: the six calls they reserved are in front (0.6 s).
     assert g._queued_calls() == pytest.approx(6)
     # A request of 5 calls is admitted behind them (its reservation 0.6 s away), the next is not.
-    assert g.schedule.reserve("new-0", calls=5, now=clock.now, queued_calls=6) == Admitted()
+    assert g.schedule.reserve("new-0", calls=5, now=clock.now, queued_calls=6) == Admit()
     assert isinstance(g.schedule.reserve("new-1", calls=1, now=clock.now, queued_calls=6), Deferred)
     release.set()
     await holder

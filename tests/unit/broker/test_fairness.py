@@ -35,6 +35,7 @@ from control_plane_broker.identity.screening import ScreeningVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
 from control_plane_broker.kube.runtime_access import RuntimeAccess
 from control_plane_broker.kyma import KymaView
+from control_plane_broker.overload.identity_budget import IdentityBudget
 from control_plane_broker.overload.rate_limit import BucketPolicy, RateLimiter
 from tests.unit.broker.conditions import until
 from tests.unit.broker.test_identity_adapters import ALLOWED, World, access, bearer
@@ -71,17 +72,28 @@ class Kymas:
         return None
 
 
+class Screened(ScreeningVerifier):
+    """The identity stages of a bearer mode as the broker wires them: the cheap refusals, then
+    the identity budget, then the budget's inner verifier."""
+
+    def __init__(self, kymas: Kymas, budget: IdentityBudget) -> None:
+        super().__init__(budget, kymas=kymas, audience="compass-broker")
+        self.budget = budget
+
+    def tracked(self) -> int:
+        return self.budget.tracked()
+
+
 def screened(
     inner: Any, kymas: Kymas, *, burst: int = 3, per_runtime: int = 2, clock: Any = time.monotonic
-) -> ScreeningVerifier:
-    return ScreeningVerifier(
+) -> Screened:
+    budget = IdentityBudget(
         inner,
-        kymas=kymas,
-        audience="compass-broker",
         budget=BucketPolicy(burst=burst, per_second=1 / 6),
         per_runtime=per_runtime,
         clock=clock,
     )
+    return Screened(kymas, budget)
 
 
 def tokenreview(world: World, **kw: Any) -> tuple[TokenReviewVerifier, RuntimeAccess, Any]:
@@ -402,15 +414,16 @@ def test_the_screens_state_and_the_budgets_are_bounded() -> None:
         cache_max_seconds=60,
         clock=time.time,
     )
-    verifier = ScreeningVerifier(
-        inner,
-        kymas=Kymas(everyone=True),
-        audience="compass-broker",
-        budget=BucketPolicy(burst=3, per_second=0.1),
-        per_runtime=2,
-        clock=time.monotonic,
-        max_runtimes=1000,
-        max_proven=1000,
+    verifier = Screened(
+        Kymas(everyone=True),
+        IdentityBudget(
+            inner,
+            budget=BucketPolicy(burst=3, per_second=0.1),
+            per_runtime=2,
+            clock=time.monotonic,
+            max_runtimes=1000,
+            max_proven=1000,
+        ),
     )
     limiter = RateLimiter(BucketPolicy(burst=1, per_second=0.001), max_keys=1000)
     token = bearer(sa_token())

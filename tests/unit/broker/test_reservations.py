@@ -38,7 +38,7 @@ def schedule() -> CapacitySchedule:
         (OPENED_AT_100, 130.0, 0, None, Admit()),
     ],
 )
-def test_a_request_is_admitted_deferred_or_refused_by_the_numbers(
+def test_the_decision_admits_defers_or_refuses_by_the_numbers(
     breaker: cb.Breaker,
     now: float,
     queued: int,
