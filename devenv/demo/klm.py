@@ -65,10 +65,12 @@ class RealLifecycleManager:
         workdir: Path,
         *,
         manifest: Sequence[Mapping[str, Any]] | None = None,
+        watcher_image: Path | None = None,
     ) -> RealLifecycleManager:
         """Builds KLM on a cold cache (minutes), writes `make module`'s output, prepares KCP,
         starts the registry and KLM, and publishes the module there (with `manifest` in the
-        place of the raw manifest, where given)."""
+        place of the raw manifest, where given). On a node, `watcher_image` (an image archive)
+        is served as the image of KLM's skr-webhook, which a kubelet pulls and KLM waits for."""
         build = klm.find_klm()
         module_files = workdir / "module"
         km.build(helm, module_files)
@@ -77,6 +79,8 @@ class RealLifecycleManager:
         stack = ExitStack()
         try:
             landscape = stack.enter_context(klm.running(build, kcp, workdir))
+            if watcher_image is not None:
+                klm.serve_watcher_image(landscape.registry, watcher_image)
             landscape.registry.push(
                 component=CONFIG.name,
                 version=CONFIG.version,
@@ -200,11 +204,6 @@ def states(kcp: TestCluster, spec: RuntimeSpec) -> tuple[str | None, str | None]
         None if module is None else module.get("state"),
         ((kyma or {}).get("status") or {}).get("state"),
     )
-
-
-def module_ready(kcp: TestCluster, spec: RuntimeSpec) -> str | None:
-    module, _ = states(kcp, spec)
-    return module if module == "Ready" else None
 
 
 def ready(kcp: TestCluster, spec: RuntimeSpec) -> tuple[str, str] | None:

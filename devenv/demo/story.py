@@ -35,6 +35,7 @@ from devenv.demo.observe import SimAdmin
 from devenv.demo.processes import Child, ChildDied, Processes, wait_for_json_line
 from devenv.demo.world import RuntimeSpec
 from devenv.node import HOST_IP, NodeCluster, NodeError
+from devenv.node import images as node_images
 from devenv.real_director import (
     OATHKEEPER_VERSION,
     CompassSourceMissing,
@@ -301,6 +302,7 @@ class Demo:
                 # Runtime A's pod runs make image's image and reaches the broker on the node's
                 # host address: the component carries that variant of the manifest.
                 manifest=self._pod_manifest() if self.options.agent_image else None,
+                watcher_image=node_images.pause_archive() if self.options.agent_image else None,
             )
         except real_klm.klm.KlmUnavailable as exc:
             raise StepFailed(f"--klm needs lifecycle-manager's source: {exc}") from exc
@@ -782,35 +784,22 @@ class Demo:
 
     def _module_ready_in_kcp(self, klm: real_klm.RealLifecycleManager, runtime: Runtime) -> None:
         spec = runtime.spec
-        if not self._is_pod(runtime):
-            module, kyma = self.story.wait_for(
-                f"KCP: the Kyma of {spec.title} says module {real_klm.MODULE} Ready (from agent "
-                "A's readiness) and Kyma Ready",
-                functools.partial(real_klm.ready, self.kcp, spec),
-                timeout=self._timeout(90),
-                guard=self._guard,
-                logs=[klm.log],
-            )
-            self.story.detail(
-                f"Kyma {world.KCP_NAMESPACE}/{spec.kyma_name}: module {real_klm.MODULE} {module}, "
-                f"Kyma {kyma} (lifecycle-manager's status)"
-            )
-            return
-        # On a node the kubelet also tries KLM's skr-webhook pod, whose runtime-watcher image no
-        # registry here serves: KLM holds the Kyma in Error for it, the module state is apart.
-        module = self.story.wait_for(
-            f"KCP: the Kyma of {spec.title} says module {real_klm.MODULE} Ready (from the "
-            "Deployment status kube-controller-manager writes)",
-            functools.partial(real_klm.module_ready, self.kcp, spec),
+        source = (
+            "the Deployment status kube-controller-manager writes"
+            if self._is_pod(runtime)
+            else "agent A's readiness"
+        )
+        module, kyma = self.story.wait_for(
+            f"KCP: the Kyma of {spec.title} says module {real_klm.MODULE} Ready (from {source}) "
+            "and Kyma Ready",
+            functools.partial(real_klm.ready, self.kcp, spec),
             timeout=self._timeout(90),
             guard=self._guard,
             logs=[klm.log],
         )
-        _, kyma_state = real_klm.states(self.kcp, spec)
         self.story.detail(
             f"Kyma {world.KCP_NAMESPACE}/{spec.kyma_name}: module {real_klm.MODULE} {module}, "
-            f"Kyma {kyma_state} (lifecycle-manager's status; KLM's skr-webhook pod cannot pull its "
-            "runtime-watcher image here)"
+            f"Kyma {kyma} (lifecycle-manager's status)"
         )
 
     def _start_agent(self, runtime: Runtime) -> None:
