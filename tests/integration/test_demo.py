@@ -489,8 +489,9 @@ def test_the_demo_on_the_whole_real_path_but_the_node(tmp_path: Path) -> None:
     assert took_seconds(out) < 240
 
 
-def check_lifecycle_manager(out: str, workdir: Path) -> None:
-    """Runtime A's module came from the real KLM: what only KLM writes is in the story."""
+def check_lifecycle_manager(out: str, workdir: Path, *, on_node: bool = False) -> None:
+    """Runtime A's module came from the real KLM: what only KLM writes is in the story. On a
+    node the Deployment's status is the controller manager's and the kubelet stops the pod."""
     assert "The real lifecycle-manager (kyma-project/lifecycle-manager c5b83f1)" in out
     # KLM's Manifest name (<kyma>-compass-agent-<hash>) in its component label and owner
     # annotation, its field manager: the imitation would name <kyma>-compass-agent.
@@ -516,7 +517,12 @@ def check_lifecycle_manager(out: str, workdir: Path) -> None:
     assert re.search(r"KCP Kyma status\.modules: application-connector \w+", out)
     # Kyma deletion: KLM removes the module, then the runtime's Kyma; its finalizer lets go.
     assert "lifecycle-manager removes the module from runtime A (managed)" in out
-    assert "agent A stopped, as a kubelet stops the pod of a deleted Deployment" in out
+    if on_node:
+        status = "module compass-agent Ready (from the Deployment status kube-controller-manager "
+        assert status in out
+        assert "the kubelet stops agent A's pod" in out
+    else:
+        assert "agent A stopped, as a kubelet stops the pod of a deleted Deployment" in out
     listed = {e["name"] for e in json.loads((workdir / "processes.json").read_text())}
     assert {"lifecycle-manager", "ocm-registry"} <= listed
     assert (workdir / "klm" / "lifecycle-manager.log").stat().st_size > 0
