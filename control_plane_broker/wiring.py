@@ -48,20 +48,20 @@ from control_plane_broker.identity.jwks import JwksVerifier
 from control_plane_broker.identity.screening import ScreeningVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
 from control_plane_broker.identity.verifier import CountingVerifier, Verifier, XfccVerifier
-from control_plane_broker.issuing import TokenIssuer
+from control_plane_broker.issuing.token_issuer import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer, mapping_informer
 from control_plane_broker.kube.kyma_events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.kube.runtime_access import RuntimeAccess
 from control_plane_broker.kyma import KymaView
-from control_plane_broker.kyma_reconciler import KymaReconciler
-from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload import circuit_breaker as cb
 from control_plane_broker.overload.deferred_writes import DeferredWrites
 from control_plane_broker.overload.director_limiter import DirectorLimiter
 from control_plane_broker.overload.identity_budget import IdentityBudget
 from control_plane_broker.overload.rate_limit import BucketPolicy, RateLimiter
+from control_plane_broker.reconciler.kyma_reconciler import KymaReconciler
+from control_plane_broker.reconciler.mapping_status import StatusRecorder
 from control_plane_broker.registration.service import Hook, RegistrationService
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.revocation.deny_list_file import DenyListFile

@@ -37,7 +37,7 @@ from control_plane_broker.api.problems import MEDIA_TYPE, problem_for, type_uri
 from control_plane_broker.connections.report_rules import Report
 from control_plane_broker.connections.report_service import ConnectionReporter
 from control_plane_broker.errors import BrokerError, InternalError, MalformedRequest
-from control_plane_broker.issuing import TokenIssuer
+from control_plane_broker.issuing.token_issuer import TokenIssuer
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload.retry_after import Jitter
 from control_plane_broker.policy import RUNTIME_ID_PATTERN, RUNTIME_ID_RULE

@@ -30,10 +30,10 @@ from control_plane_broker.errors import (
     RuntimeNotRegistered,
 )
 from control_plane_broker.identity.verifier import IdentityChecked, Verifier, prove
-from control_plane_broker.issuing import KymaReader
-from control_plane_broker.mapping_status import StatusRecorder
+from control_plane_broker.issuing.token_issuer import KymaReader
 from control_plane_broker.overload.rate_limit import RateLimiter
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
+from control_plane_broker.reconciler.mapping_status import StatusRecorder
 from control_plane_broker.registration.state import Mapping as MappingRecord
 from control_plane_broker.revocation.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings

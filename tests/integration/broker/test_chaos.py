@@ -33,11 +33,11 @@ from control_plane_broker.kube.caches import kyma_informer, mapping_informer
 from control_plane_broker.kube.kyma_events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.kyma import KYMA_GROUP, KYMA_VERSION, KymaView
-from control_plane_broker.kyma_reconciler import KymaReconciler
-from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload import circuit_breaker as cb
 from control_plane_broker.overload.director_limiter import DirectorLimiter
+from control_plane_broker.reconciler.kyma_reconciler import KymaReconciler
+from control_plane_broker.reconciler.mapping_status import StatusRecorder
 from control_plane_broker.registration.service import RegistrationService
 from control_plane_broker.registration.state import Mapping
 from control_plane_broker.settings import Settings, load_director_credentials

@@ -25,7 +25,7 @@ from control_plane_broker.api.app import (
 )
 from control_plane_broker.connections.report_service import ConnectionReporter
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
-from control_plane_broker.issuing import TokenIssuer
+from control_plane_broker.issuing.token_issuer import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer
 from control_plane_broker.kyma import KymaView
 from control_plane_broker.metrics import Metrics

@@ -30,7 +30,8 @@ from control_plane_broker.errors import (
     RuntimeRevoked,
 )
 from control_plane_broker.identity.claims import Identity
-from control_plane_broker.issuing import AfterAnswer, TokenIssuer
+from control_plane_broker.issuing.status_later import AfterAnswer
+from control_plane_broker.issuing.token_issuer import TokenIssuer
 from control_plane_broker.kyma import KymaView
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload import circuit_breaker as cb

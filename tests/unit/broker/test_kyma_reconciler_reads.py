@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from control_plane_broker.kyma_reconciler import KymaReconciler
 from control_plane_broker.metrics import Metrics
+from control_plane_broker.reconciler.kyma_reconciler import KymaReconciler
 from control_plane_broker.registration import state
 from control_plane_broker.settings import Settings
 from tests.unit.broker.mapping_views import mapping_view

@@ -10,7 +10,7 @@ import pytest
 from control_plane_broker import errors
 from control_plane_broker.director.classification import DirectorPermanent, DirectorRetryable
 from control_plane_broker.kyma import KymaView
-from control_plane_broker.mapping_status import (
+from control_plane_broker.reconciler.mapping_status import (
     TOKEN_TIMESTAMP_REFRESH,
     StatusRecorder,
     failed_status,

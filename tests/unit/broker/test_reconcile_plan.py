@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from control_plane_broker.kyma import KymaView
-from control_plane_broker.kyma_reconciler import (
+from control_plane_broker.reconciler.kyma_reconciler import (
     Nothing,
     Release,
     Requeue,

@@ -13,7 +13,7 @@ from control_plane_broker.director.answers import DirectorRuntime
 from control_plane_broker.director.classification import DirectorPermanent, DirectorTenantUnknown
 from control_plane_broker.errors import CompassTenantUnknown
 from control_plane_broker.kyma import LABEL_GLOBAL_ACCOUNT, LABEL_SUBACCOUNT, KymaView
-from control_plane_broker.mapping_status import failed_status, issued_status
+from control_plane_broker.reconciler.mapping_status import failed_status, issued_status
 from control_plane_broker.registration import state
 from control_plane_broker.registration.service import Registered, labels_held, refusal_of_tenants
 

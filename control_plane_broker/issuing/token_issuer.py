@@ -1,10 +1,14 @@
-"""The token request use case, cheapest refusals first:
+"""The token request use case: guard → reserve → register → token.
 
-validate the runtime ID → the Kyma cache is synced → the caller still waits → prove the identity →
-not revoked → policy on the cached Kyma → per-runtime rate limit → Director's remembered refusal
-of the Kyma's tenants → circuit breaker → a reservation of Director's capacity → register (only a
-runtime not registered yet) → request the token (a runtime Director shows gone is forgotten and
-registered again, once) → answer → record the token in the mapping's status.
+- guard, cheapest refusals first: validate the runtime ID → the Kyma cache is synced → the
+  caller still waits → prove the identity → not revoked → policy on the cached Kyma →
+  per-runtime rate limit;
+- reserve: Director's remembered refusal of the Kyma's tenants (`Registrar.known`) → circuit
+  breaker → a reservation of Director's capacity (`DirectorLimiter.reserve`), passed to every
+  Director call of the request;
+- register: only a runtime not registered yet (`Registrar.register`);
+- token: request it (a runtime Director shows gone is forgotten and registered again, once:
+  `Registrar.registered_again`) → answer → record the token in the mapping's status.
 
 Holds: nothing reaches Director unless the runtime ID is valid, the caller proved to be this
 runtime, the Kyma allows it and Director's capacity has room for the request within the queue
@@ -21,38 +25,35 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from control_plane_broker.director.answers import OneTimeToken
-from control_plane_broker.director.classification import DirectorPermanent, DirectorTenantUnknown
+from control_plane_broker.director.classification import DirectorPermanent
 from control_plane_broker.director.graphql_client import DirectorApi
 from control_plane_broker.errors import (
     CallerGone,
     CompassRejected,
-    CompassTenantUnknown,
     CompassUnavailable,
     NotReady,
     RateLimited,
 )
 from control_plane_broker.identity.verifier import IdentityChecked, Verifier, prove
-from control_plane_broker.kyma import LABEL_SUBACCOUNT, KymaView
-from control_plane_broker.mapping_status import StatusRecorder
+from control_plane_broker.issuing.registrar import Registrar
+from control_plane_broker.issuing.status_later import AfterAnswer, StatusLater
+from control_plane_broker.kyma import KymaView
 from control_plane_broker.overload.director_limiter import CallerPresent, DirectorLimiter
 from control_plane_broker.overload.rate_limit import RateLimiter
 from control_plane_broker.overload.reservations import Reservation
 from control_plane_broker.policy import check_token_allowed, validate_runtime_id
-from control_plane_broker.registration import state
+from control_plane_broker.reconciler.mapping_status import StatusRecorder
 from control_plane_broker.registration.service import Registered, RegistrationService
 from control_plane_broker.revocation.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
 
-log = logging.getLogger(__name__)
-
-
-# Takes a write to run later (`DeferredWrites.defer`); False when it could not take it.
-AfterAnswer = Callable[[Callable[[], Awaitable[object]]], bool]
+# The name it logged under before it moved into its package: log lines stay as they were.
+log = logging.getLogger("control_plane_broker.issuing")
 
 
 class KymaReader(Protocol):
@@ -101,13 +102,13 @@ class TokenIssuer:
         self._cache = cache
         self._verifier = verifier
         self._gate = gate
-        self._registration = registration
         self._director = director
         self._director_limiter = director_limiter
         self._status = status
         self._limiter = limiter
         self._clock = clock  # monotonic: rate limits
-        self._after_answer = after_answer
+        self._later = StatusLater(status, after_answer=after_answer)
+        self._registrar = Registrar(registration=registration, status=status, later=self._later)
 
     async def issue(
         self,
@@ -131,6 +132,30 @@ class TokenIssuer:
         deadline = (
             self._clock() if arrived_at is None else arrived_at
         ) + self._settings.request_deadline_seconds
+        kyma = await self._guard(runtime_id, headers, caller_present, identity_checked)
+        known = self._registrar.known(kyma)
+        reservation = self._director_limiter.reserve(
+            kyma.name, calls=1 if known else 2, deadline=deadline
+        )
+        try:
+            registered = known or await self._registrar.register(kyma, reservation=reservation)
+            registered, ott = await self._token(
+                kyma, registered, reservation, known=known is not None, caller=caller_present
+            )
+            return await self._issued(kyma, registered, ott)
+        finally:
+            self._director_limiter.finish(reservation)
+
+    async def _guard(
+        self,
+        runtime_id: str,
+        headers: Mapping[str, str],
+        caller_present: CallerPresent | None,
+        identity_checked: IdentityChecked | None,
+    ) -> KymaView:
+        """The Kyma a token may be issued for, or the refusal, cheapest first and nothing of
+        Director's spent: the runtime ID, the cache, the caller still there, the identity, the
+        revocation, the policy, the per-runtime rate."""
         kyma_name = validate_runtime_id(runtime_id)
         if not self._cache.synced:
             raise NotReady("the Kyma cache has not synced yet", retry_after=2)
@@ -149,98 +174,42 @@ class TokenIssuer:
         wait = self._limiter.check(kyma.name, self._clock())
         if wait is not None:
             raise RateLimited("token issue rate exceeded for this runtime", retry_after=wait)
-        refused = self._registration.refused(kyma)
-        if refused is not None:
-            raise refused
-        known = self._registration.known(kyma)
-        reservation = self._director_limiter.reserve(
-            kyma.name, calls=1 if known else 2, deadline=deadline
-        )
-        try:
-            return await self._reserved(kyma, known, reservation, caller_present)
-        finally:
-            self._director_limiter.finish(reservation)
+        return kyma
 
-    async def _reserved(
+    async def _token(
         self,
         kyma: KymaView,
-        known: Registered | None,
+        registered: Registered,
         reservation: Reservation,
+        *,
+        known: bool,
         caller: CallerPresent | None,
-    ) -> IssuedToken:
-        """The request's Director calls, on its `reservation`: register (unless `known`), then
-        the token; a known runtime Director shows gone is registered again, once."""
-        registered = known or await self._register(kyma, reservation=reservation)
+    ) -> tuple[Registered, OneTimeToken]:
+        """The one-time token for `registered`, and the runtime it is for: a `known` runtime
+        Director shows gone is registered again, once (`Registrar.registered_again`). Director
+        failing is written on the mapping's `TokenIssued` condition after the answer."""
         try:
             try:
-                ott = await self._token(
-                    registered, reservation, follow_up=known is None, caller=caller
+                ott = await self._one_time_token(
+                    registered, reservation, follow_up=not known, caller=caller
                 )
             except DirectorPermanent as exc:
-                if known is None or isinstance(exc, DirectorTenantUnknown):
+                if not known:
                     raise
-                if not await self._registration.is_gone(known, reservation=reservation):
-                    raise
-                registered = await self._register_lost(kyma, known, reservation)
-                ott = await self._token(registered, reservation, follow_up=True, caller=caller)
+                registered = await self._registrar.registered_again(
+                    kyma, registered, exc, reservation=reservation
+                )
+                ott = await self._one_time_token(
+                    registered, reservation, follow_up=True, caller=caller
+                )
         except (CompassUnavailable, CompassRejected) as exc:
-            await self._failed_later(
+            await self._later.failed(
                 kyma, "TokenIssued", "TokenRequestFailed", exc, director_labels=registered.labels
             )
             raise
-        # Only issued tokens count: attempts that fail (Compass down) must not lock a runtime out.
-        self._limiter.try_take(kyma.name, self._clock())
-        log.info("token issued", extra={"kyma": kyma.name, "compass_id": registered.compass_id})
-        await self._later(functools.partial(self._record_issued, kyma, registered), kyma=kyma)
-        return IssuedToken(
-            token=ott.token,
-            connector_url=ott.connector_url,
-            compass_runtime_id=registered.compass_id,
-            tenant=registered.tenant,
-            expires_at=ott.expires_at,
-        )
+        return registered, ott
 
-    async def _later(self, write: Callable[[], Awaitable[object]], *, kyma: KymaView) -> None:
-        if self._after_answer is None:
-            await write()
-            return
-        if not self._after_answer(write):
-            log.error(
-                "mapping status not written: too many writes waiting", extra={"kyma": kyma.name}
-            )
-
-    async def _failed_later(
-        self,
-        kyma: KymaView,
-        condition: str,
-        event_reason: str,
-        exc: BaseException,
-        *,
-        director_labels: dict[str, str] | None = None,
-    ) -> None:
-        await self._later(
-            functools.partial(
-                self._status.failed,
-                kyma=kyma,
-                condition=condition,
-                event_reason=event_reason,
-                exc=exc,
-                director_labels=director_labels,
-            ),
-            kyma=kyma,
-        )
-
-    async def _record_issued(self, kyma: KymaView, registered: Registered) -> None:
-        # Best effort, and after the answer nobody could be told of a failure: logged by type.
-        try:
-            await self._status.issued(kyma=kyma, registered=registered)
-        except Exception as exc:
-            log.error(
-                "could not record the issued token on the mapping",
-                extra={"kyma": kyma.name, "error": type(exc).__name__},
-            )
-
-    async def _token(
+    async def _one_time_token(
         self,
         registered: Registered,
         reservation: Reservation,
@@ -256,39 +225,27 @@ class TokenIssuer:
             caller_present=caller,
         )
 
-    async def _register_lost(
-        self, kyma: KymaView, lost: Registered, reservation: Reservation
-    ) -> Registered:
-        """Director no longer has the runtime recorded for this Kyma (unregistered behind our
-        back): forget it and register the runtime again. Of several replicas (or requests) that
-        notice at once, one forgets and registers; the others adopt what it records."""
-        fresh, forgotten = await self._registration.forget(kyma.name, lost.compass_id)
-        if forgotten:
-            await self._status.runtime_lost(kyma=kyma, compass_id=lost.compass_id)
-        return await self._register(kyma, reservation=reservation, fresh=fresh)
+    async def _issued(
+        self, kyma: KymaView, registered: Registered, ott: OneTimeToken
+    ) -> IssuedToken:
+        # Only issued tokens count: attempts that fail (Compass down) must not lock a runtime out.
+        self._limiter.try_take(kyma.name, self._clock())
+        log.info("token issued", extra={"kyma": kyma.name, "compass_id": registered.compass_id})
+        await self._later.run(functools.partial(self._record_issued, kyma, registered), kyma=kyma)
+        return IssuedToken(
+            token=ott.token,
+            connector_url=ott.connector_url,
+            compass_runtime_id=registered.compass_id,
+            tenant=registered.tenant,
+            expires_at=ott.expires_at,
+        )
 
-    async def _register(
-        self, kyma: KymaView, *, reservation: Reservation, fresh: state.Mapping | None = None
-    ) -> Registered:
+    async def _record_issued(self, kyma: KymaView, registered: Registered) -> None:
+        # Best effort, and after the answer nobody could be told of a failure: logged by type.
         try:
-            return await self._registration.ensure_registered(
-                kyma, fresh=fresh, reservation=reservation
+            await self._status.issued(kyma=kyma, registered=registered)
+        except Exception as exc:
+            log.error(
+                "could not record the issued token on the mapping",
+                extra={"kyma": kyma.name, "error": type(exc).__name__},
             )
-        except (CompassUnavailable, CompassRejected) as exc:
-            await self._failed_later(kyma, "Registered", "RegistrationFailed", exc)
-            raise
-        except CompassTenantUnknown as exc:
-            await self._status.failed(
-                kyma=kyma,
-                condition="Registered",
-                event_reason="CompassTenantUnknown",
-                exc=exc,
-                refusal=state.TenantRefusal(
-                    global_account=kyma.tenant or "",
-                    subaccount=kyma.labels.get(LABEL_SUBACCOUNT) or None,
-                    label=exc.label,
-                    value=exc.value,
-                    at=self._status.now(),
-                ),
-            )
-            raise

@@ -35,9 +35,9 @@ from control_plane_broker.errors import BrokerError, KymaIncomplete
 from control_plane_broker.kube.kyma_events import KymaEvents
 from control_plane_broker.kube.mappings import MappingRepository
 from control_plane_broker.kyma import LABEL_SHOOT, KymaView
-from control_plane_broker.mapping_status import StatusRecorder
 from control_plane_broker.metrics import Metrics
 from control_plane_broker.policy import module_enabled
+from control_plane_broker.reconciler.mapping_status import StatusRecorder
 from control_plane_broker.registration import naming, state
 from control_plane_broker.registration.service import (
     MappingReader,
@@ -48,7 +48,8 @@ from control_plane_broker.registration.state import Mapping
 from control_plane_broker.settings import Settings
 from kubeapi import Conflict, Informer, KubeError
 
-log = logging.getLogger(__name__)
+# The name it logged under before it moved into its package: log lines stay as they were.
+log = logging.getLogger("control_plane_broker.kyma_reconciler")
 
 CHECK_BATCH = 200  # mappings judged between two yields to the event loop
 

@@ -35,7 +35,8 @@ from control_plane_broker.registration.state import Mapping
 from control_plane_broker.text import for_humans
 from kubeapi import Conflict, KubeError
 
-log = logging.getLogger(__name__)
+# The name it logged under before it moved into its package: log lines stay as they were.
+log = logging.getLogger("control_plane_broker.mapping_status")
 
 MAX_MESSAGE = 300
 TOKEN_TIMESTAMP_REFRESH = 600.0
