@@ -92,7 +92,7 @@ class ConnectionReporter:
         identity_checked: IdentityChecked | None = None,
     ) -> bool:
         """Records `report`; returns whether the mapping was written. `identity_checked`: as
-        for a token (`issuing.TokenIssuer.issue`)."""
+        for a token (`issuing.token_issuer.TokenIssuer.issue`)."""
         kyma_name = validate_runtime_id(runtime_id)
         if not self._cache.synced:
             raise NotReady("the Kyma cache has not synced yet", retry_after=2)

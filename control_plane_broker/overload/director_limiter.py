@@ -5,7 +5,7 @@ call (`reserve`: the breaker's cheap refusal, then the schedule's verdict, decid
 through `call`, and finishes it when it is answered (`finish`).
 
 Holds: while the breaker is open no call leaves the process, also none that was already waiting
-for a slot when it opened, and a caller learns that before it costs anything (`refuse_if_open`);
+for a slot when it opened, and a caller learns that before it costs anything (`reserve`);
 at most `max_concurrency` calls are in flight; a request gets a reservation only when it starts
 within the queue timeout by the schedule's estimate (`reserve`), otherwise it is told when to come
 back; the queue in front of a new request is counted as what admitted requests reserved

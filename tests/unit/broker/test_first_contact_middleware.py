@@ -330,8 +330,8 @@ async def test_a_place_given_up_teaches_the_first_contact_limit_its_rate() -> No
 
 
 async def test_a_runtime_request_is_stamped_with_its_arrival_before_it_waits_here() -> None:
-    """The request's deadline counts from this stamp (`issuing`): the wait in this queue is
-    part of the agent's timeout."""
+    """The request's deadline counts from this stamp (`issuing.token_issuer`): the wait in this
+    queue is part of the agent's timeout."""
     clock = [50.0]
     seen: dict[str, float | None] = {}
 

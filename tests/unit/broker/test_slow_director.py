@@ -61,7 +61,7 @@ async def cold_start(
         return call
 
     async def issue(key: str, gone_at: float) -> None:
-        """The request path's use of the limiter (`issuing.TokenIssuer.issue`)."""
+        """The request path's use of the limiter (`issuing.token_issuer.TokenIssuer.issue`)."""
 
         async def present() -> bool:
             return clock() < gone_at
