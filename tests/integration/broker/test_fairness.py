@@ -6,7 +6,7 @@ during the stall, and 20 more once the stalled server is remembered, must all ge
 (before: 16 of 20 got 503 `first-contacts-busy` with Retry-After ~175 s); measured on an idle
 machine, within a second.
 
-The figures are printed (`-s`) and recorded in docs/security.md ("Fairness")."""
+The figures are printed (`-s`) and recorded in docs/overload.md ("What a stranger can cost")."""
 
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def test_a_stalled_runtime_and_a_flood_of_forgeries_do_not_crowd_out_first_conta
         assert [code for code, _ in wave] == [201] * LEGIT, wave
         # Served, not sent away: well inside the agent's 30 s timeout even on a loaded machine.
         # The figure of record (p99 0.85 s on an idle machine) is a measurement, printed above
-        # and kept in docs/security.md, not a bound a busy CI machine must beat.
+        # and kept in docs/overload.md, not a bound a busy CI machine must beat.
         assert max(seconds for _, seconds in wave) < 10.0, wave
     # The flood ran at the rate asked, give or take a loaded machine's scheduling.
     assert flood["sent"] >= FLOOD_PER_SECOND * 10 * 0.5
