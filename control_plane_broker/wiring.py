@@ -45,6 +45,7 @@ from control_plane_broker.director.uncertain_answers import UncertainAnswers
 from control_plane_broker.enrolment.enrolment_service import EnrolmentVerifier
 from control_plane_broker.errors import FirstContactsBusy
 from control_plane_broker.identity.jwks import JwksVerifier
+from control_plane_broker.identity.runtime_proof import RuntimeProof
 from control_plane_broker.identity.screening import ScreeningVerifier
 from control_plane_broker.identity.tokenreview import TokenReviewVerifier
 from control_plane_broker.identity.verifier import CountingVerifier, Verifier, XfccVerifier
@@ -405,7 +406,8 @@ def endpoints(
     deferred: DeferredWrites,
 ) -> tuple[TokenIssuer, ConnectionReporter]:
     """What the two endpoints call: the token issuer and the connection reporter, each behind
-    the revocation gate and its own per-runtime rate limit."""
+    the one chain that proves a runtime (with the revocation gate) and its own per-runtime
+    rate limit."""
     gate = RevocationGate(
         mappings=kcp.mappings,
         kymas=kcp.kymas,
@@ -413,11 +415,16 @@ def endpoints(
         metrics=metrics,
         deny_list=deny_list(settings.xfcc_deny_list_file),
     )
-    issuer = TokenIssuer(
-        settings=settings,
+    proof = RuntimeProof(
         cache=kcp.kymas,
         verifier=verifier,
         gate=gate,
+        module=settings.module_name,
+        module_required=settings.module_policy == "required",
+    )
+    issuer = TokenIssuer(
+        settings=settings,
+        proof=proof,
         registration=registration,
         director=director,
         director_limiter=director_limiter,
@@ -432,10 +439,8 @@ def endpoints(
     )
     reporter = ConnectionReporter(
         settings=settings,
-        cache=kcp.kymas,
+        proof=proof,
         mappings=kcp.mappings,
-        verifier=verifier,
-        gate=gate,
         status=kcp.status,
         limiter=RateLimiter(
             BucketPolicy(burst=1, per_second=1 / settings.report_min_interval_seconds)

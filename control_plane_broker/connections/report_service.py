@@ -1,9 +1,10 @@
 """The connection report use case: an agent tells the broker its runtime's Compass connection.
 
-Order, cheapest refusals first and identity before anything about the runtime: the runtime ID
-and the body are validated (by the HTTP layer) → the Kyma cache is synced → prove the identity
-(exactly as for a token) → not revoked → policy on the cached Kyma (as for a token) → per-runtime
-rate limit → the mapping exists → record on its status (`report_rules.record_report`).
+Order, cheapest refusals first and identity before anything about the runtime: the body is
+validated (by the HTTP layer) → the runtime proven, by the token's chain
+(`identity.runtime_proof`: runtime ID, Kyma cache synced, identity, not revoked, policy on the
+cached Kyma) → per-runtime rate limit → the mapping exists → record on its status
+(`report_rules.record_report`).
 
 The rate limit comes after the identity, not before: checked earlier it would tell an unproven
 caller which runtimes report (429 versus 401), and let it spend a runtime's budget.
@@ -25,17 +26,14 @@ from control_plane_broker.connections.report_rules import Limits, Report, record
 from control_plane_broker.errors import (
     ControlPlaneUnavailable,
     KymaDeleting,
-    NotReady,
     RateLimited,
     RuntimeNotRegistered,
 )
-from control_plane_broker.identity.verifier import IdentityChecked, Verifier, prove
-from control_plane_broker.issuing.token_issuer import KymaReader
+from control_plane_broker.identity.runtime_proof import RuntimeProof
+from control_plane_broker.identity.verifier import IdentityChecked
 from control_plane_broker.overload.rate_limit import RateLimiter
-from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.reconciler.mapping_status import StatusRecorder
 from control_plane_broker.registration.state import Mapping as MappingRecord
-from control_plane_broker.revocation.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
 from kubeapi import KubeError
 
@@ -59,20 +57,16 @@ class ConnectionReporter:
         self,
         *,
         settings: Settings,
-        cache: KymaReader,
+        proof: RuntimeProof,
         mappings: MappingReader,
-        verifier: Verifier,
-        gate: RevocationGate,
         status: StatusRecorder,
         limiter: RateLimiter,
         clock: Callable[[], float],
         wall: Callable[[], float],
     ) -> None:
         self._settings = settings
-        self._cache = cache
+        self._proof = proof
         self._mappings = mappings
-        self._verifier = verifier
-        self._gate = gate
         self._status = status
         self._limiter = limiter
         self._clock = clock  # monotonic: rate limits
@@ -93,17 +87,8 @@ class ConnectionReporter:
     ) -> bool:
         """Records `report`; returns whether the mapping was written. `identity_checked`: as
         for a token (`issuing.token_issuer.TokenIssuer.issue`)."""
-        kyma_name = validate_runtime_id(runtime_id)
-        if not self._cache.synced:
-            raise NotReady("the Kyma cache has not synced yet", retry_after=2)
-        identity = await prove(
-            self._verifier, runtime_id=runtime_id, headers=headers, checked=identity_checked
-        )
-        self._gate.check(kyma_name, identity, endpoint="connection")
-        kyma = check_token_allowed(
-            self._cache.get(kyma_name),
-            module=self._settings.module_name,
-            module_required=self._settings.module_policy == "required",
+        kyma = await self._proof.proven_kyma(
+            runtime_id, headers, endpoint="connection", identity_checked=identity_checked
         )
         wait = self._limiter.try_take(kyma.name, self._clock())
         if wait is not None:

@@ -1,8 +1,8 @@
 """The token request use case: guard → reserve → register → token.
 
-- guard, cheapest refusals first: validate the runtime ID → the Kyma cache is synced → the
-  caller still waits → prove the identity → not revoked → policy on the cached Kyma →
-  per-runtime rate limit;
+- guard, cheapest refusals first: the runtime proven (`identity.runtime_proof`: the runtime
+  ID, the Kyma cache synced, the caller still waiting, the identity, not revoked, the policy on
+  the cached Kyma) → per-runtime rate limit;
 - reserve: Director's remembered refusal of the Kyma's tenants (`Registrar.known`) → circuit
   breaker → a reservation of Director's capacity (`DirectorLimiter.reserve`), passed to every
   Director call of the request;
@@ -27,42 +27,26 @@ import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from control_plane_broker.director.answers import OneTimeToken
 from control_plane_broker.director.classification import DirectorPermanent
 from control_plane_broker.director.graphql_client import DirectorApi
-from control_plane_broker.errors import (
-    CallerGone,
-    CompassRejected,
-    CompassUnavailable,
-    NotReady,
-    RateLimited,
-)
-from control_plane_broker.identity.verifier import IdentityChecked, Verifier, prove
+from control_plane_broker.errors import CompassRejected, CompassUnavailable, RateLimited
+from control_plane_broker.identity.runtime_proof import RuntimeProof
+from control_plane_broker.identity.verifier import IdentityChecked
 from control_plane_broker.issuing.registrar import Registrar
 from control_plane_broker.issuing.status_later import AfterAnswer, StatusLater
 from control_plane_broker.kyma import KymaView
 from control_plane_broker.overload.director_limiter import CallerPresent, DirectorLimiter
 from control_plane_broker.overload.rate_limit import RateLimiter
 from control_plane_broker.overload.reservations import Reservation
-from control_plane_broker.policy import check_token_allowed, validate_runtime_id
 from control_plane_broker.reconciler.mapping_status import StatusRecorder
 from control_plane_broker.registration.service import Registered, RegistrationService
-from control_plane_broker.revocation.revocation_gate import RevocationGate
 from control_plane_broker.settings import Settings
 
 # The name it logged under before it moved into its package: log lines stay as they were.
 log = logging.getLogger("control_plane_broker.issuing")
-
-
-class KymaReader(Protocol):
-    """What the request path needs of the Kyma cache (watch-fed; no API call per request)."""
-
-    @property
-    def synced(self) -> bool: ...
-
-    def get(self, name: str) -> KymaView | None: ...
 
 
 @dataclass(frozen=True)
@@ -82,9 +66,7 @@ class TokenIssuer:
         self,
         *,
         settings: Settings,
-        cache: KymaReader,
-        verifier: Verifier,
-        gate: RevocationGate,
+        proof: RuntimeProof,
         registration: RegistrationService,
         director: DirectorApi,
         director_limiter: DirectorLimiter,
@@ -99,9 +81,7 @@ class TokenIssuer:
         must not share the broker and the KCP API server with bookkeeping (default: they are
         awaited before the answer)."""
         self._settings = settings
-        self._cache = cache
-        self._verifier = verifier
-        self._gate = gate
+        self._proof = proof
         self._director = director
         self._director_limiter = director_limiter
         self._status = status
@@ -154,22 +134,13 @@ class TokenIssuer:
         identity_checked: IdentityChecked | None,
     ) -> KymaView:
         """The Kyma a token may be issued for, or the refusal, cheapest first and nothing of
-        Director's spent: the runtime ID, the cache, the caller still there, the identity, the
-        revocation, the policy, the per-runtime rate."""
-        kyma_name = validate_runtime_id(runtime_id)
-        if not self._cache.synced:
-            raise NotReady("the Kyma cache has not synced yet", retry_after=2)
-        if caller_present is not None and not await caller_present():
-            raise CallerGone("the caller hung up before its request was served")
-        # Identity before existence: who cannot prove to be this runtime learns nothing about it.
-        identity = await prove(
-            self._verifier, runtime_id=runtime_id, headers=headers, checked=identity_checked
-        )
-        self._gate.check(kyma_name, identity, endpoint="token")
-        kyma = check_token_allowed(
-            self._cache.get(kyma_name),
-            module=self._settings.module_name,
-            module_required=self._settings.module_policy == "required",
+        Director's spent: the runtime proven (`RuntimeProof`), then the per-runtime rate."""
+        kyma = await self._proof.proven_kyma(
+            runtime_id,
+            headers,
+            endpoint="token",
+            caller_present=caller_present,
+            identity_checked=identity_checked,
         )
         wait = self._limiter.check(kyma.name, self._clock())
         if wait is not None:

@@ -25,6 +25,7 @@ from control_plane_broker.api.app import (
 )
 from control_plane_broker.connections.report_service import ConnectionReporter
 from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
+from control_plane_broker.identity.runtime_proof import RuntimeProof
 from control_plane_broker.issuing.token_issuer import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer
 from control_plane_broker.kyma import KymaView
@@ -70,31 +71,36 @@ class World:
     degraded: list[str] = field(default_factory=list)
 
 
+def proof_with(cache: Any, touched: list[str], given: dict[str, Any]) -> RuntimeProof:
+    """The chain that proves a runtime, over `cache`; its verifier and gate from `given`
+    (taken out of it), else untouchable."""
+    return RuntimeProof(
+        cache=cache,
+        verifier=given.pop("verifier", None) or Untouchable("verifier", touched),
+        gate=given.pop("gate", None) or Untouchable("gate", touched),
+        module=Settings().module_name,
+        module_required=Settings().module_policy == "required",
+    )
+
+
 def issuer_with(cache: Any, touched: list[str], **given: Any) -> TokenIssuer:
+    proof = proof_with(cache, touched, given)
     parts: dict[str, Any] = {
         name: Untouchable(name, touched)
-        for name in (
-            "verifier",
-            "gate",
-            "registration",
-            "director",
-            "director_limiter",
-            "status",
-            "limiter",
-        )
+        for name in ("registration", "director", "director_limiter", "status", "limiter")
     }
     parts |= given
-    return TokenIssuer(settings=Settings(), cache=cache, clock=lambda: 0.0, **parts)
+    return TokenIssuer(settings=Settings(), proof=proof, clock=lambda: 0.0, **parts)
 
 
 def reporter_with(cache: Any, touched: list[str], **given: Any) -> ConnectionReporter:
+    proof = proof_with(cache, touched, given)
     parts: dict[str, Any] = {
-        name: Untouchable(name, touched)
-        for name in ("mappings", "verifier", "gate", "status", "limiter")
+        name: Untouchable(name, touched) for name in ("mappings", "status", "limiter")
     }
     parts |= given
     return ConnectionReporter(
-        settings=Settings(), cache=cache, clock=lambda: 0.0, wall=lambda: 0.0, **parts
+        settings=Settings(), proof=proof, clock=lambda: 0.0, wall=lambda: 0.0, **parts
     )
 
 

@@ -30,6 +30,7 @@ from control_plane_broker.errors import (
     RuntimeRevoked,
 )
 from control_plane_broker.identity.claims import Identity
+from control_plane_broker.identity.runtime_proof import RuntimeProof
 from control_plane_broker.issuing.status_later import AfterAnswer
 from control_plane_broker.issuing.token_issuer import TokenIssuer
 from control_plane_broker.kyma import KymaView
@@ -228,13 +229,17 @@ def world(
     director_limiter.schedule.latency = 0.125  # exact in binary: a call reserves 1/8 s of one slot
     issuer = TokenIssuer(
         settings=Settings(),
-        cache=recorder,
-        verifier=recorder,
-        gate=RevocationGate(
-            mappings=recorder.mapping_view,
-            kymas=recorder,
-            events=recorder.events,  # type: ignore[arg-type]
-            metrics=Metrics(),
+        proof=RuntimeProof(
+            cache=recorder,
+            verifier=recorder,
+            gate=RevocationGate(
+                mappings=recorder.mapping_view,
+                kymas=recorder,
+                events=recorder.events,  # type: ignore[arg-type]
+                metrics=Metrics(),
+            ),
+            module=Settings().module_name,
+            module_required=Settings().module_policy == "required",
         ),
         registration=Registration(recorder),  # type: ignore[arg-type]
         director=Director(recorder),  # type: ignore[arg-type]
