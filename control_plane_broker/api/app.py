@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
@@ -19,7 +20,7 @@ from typing import Annotated, Literal
 from fastapi import FastAPI, Header, Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from pydantic import (
     AwareDatetime,
     BaseModel,
@@ -285,6 +286,28 @@ def routing_problem(exc: StarletteHTTPException, path: str) -> JSONResponse:
     )
 
 
+def unexpected(exc: Exception, **where: str) -> InternalError:
+    """A bug, not an answer: logged with its type (never its text, which may hold input), and
+    answered as a problem the caller retries, never as a bare 500."""
+    log.error("unexpected error", extra={**where, "error": type(exc).__name__})
+    return InternalError("unexpected error in the broker", retry_after=5)
+
+
+@contextmanager
+def answered_as_problem(counter: Counter) -> Iterator[None]:
+    """A route's errors, counted under their problem's slug in `counter` (the endpoint's
+    requests by outcome) and left to the problem handlers; a bug becomes an `InternalError`
+    here, so the route counts it too and the access log sees a problem, not an exception."""
+    try:
+        yield
+    except BrokerError as exc:
+        counter.labels(exc.slug).inc()
+        raise
+    except Exception as exc:
+        counter.labels(InternalError.slug).inc()
+        raise unexpected(exc) from None
+
+
 def create_app(
     *,
     issuer: TokenIssuer,
@@ -351,10 +374,7 @@ def add_problem_handlers(
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # A bug, not an answer: logged with its type (never its text, which may hold input),
-        # and the caller gets a problem it can retry, not a bare 500 page.
-        log.error("unexpected error", extra={"path": request.url.path, "error": type(exc).__name__})
-        return problem(InternalError("unexpected error in the broker", retry_after=5), request)
+        return problem(unexpected(exc, path=request.url.path), request)
 
 
 def add_token_route(app: FastAPI, *, issuer: TokenIssuer, metrics: Metrics) -> None:
@@ -372,24 +392,14 @@ def add_token_route(app: FastAPI, *, issuer: TokenIssuer, metrics: Metrics) -> N
         x_forwarded_client_cert: XfccHeader = None,
     ) -> TokenResponse:
         headers = {k.lower(): v for k, v in request.headers.items()}
-        with metrics.request_seconds.time():
-            try:
-                issued = await issuer.issue(
-                    runtimeID,
-                    headers,
-                    caller_present=_still_connected(request),
-                    identity_checked=identity_checked(request.scope, give_place_up=True),
-                    arrived_at=arrived_at(request.scope),
-                )
-            except BrokerError as exc:
-                metrics.token_requests.labels(exc.slug).inc()
-                raise
-            except Exception as exc:
-                # A bug, not an answer: logged with its type (never its text, which may hold
-                # input), answered as a problem the agent retries, never as a bare 500.
-                log.error("unexpected error", extra={"error": type(exc).__name__})
-                metrics.token_requests.labels(InternalError.slug).inc()
-                raise InternalError("unexpected error in the broker", retry_after=5) from None
+        with metrics.request_seconds.time(), answered_as_problem(metrics.token_requests):
+            issued = await issuer.issue(
+                runtimeID,
+                headers,
+                caller_present=_still_connected(request),
+                identity_checked=identity_checked(request.scope, give_place_up=True),
+                arrived_at=arrived_at(request.scope),
+            )
         metrics.token_requests.labels("issued").inc()
         return TokenResponse(
             token=issued.token,
@@ -426,7 +436,7 @@ def add_connection_route(app: FastAPI, *, reporter: ConnectionReporter, metrics:
         x_forwarded_client_cert: XfccHeader = None,
     ) -> ReportAccepted:
         headers = {k.lower(): v for k, v in request.headers.items()}
-        try:
+        with answered_as_problem(metrics.connection_reports):
             report = await read_report(request)
             written = await reporter.report(
                 runtimeID,
@@ -434,13 +444,6 @@ def add_connection_route(app: FastAPI, *, reporter: ConnectionReporter, metrics:
                 report,
                 identity_checked=identity_checked(request.scope, give_place_up=False),
             )
-        except BrokerError as exc:
-            metrics.connection_reports.labels(exc.slug).inc()
-            raise
-        except Exception as exc:
-            log.error("unexpected error", extra={"error": type(exc).__name__})
-            metrics.connection_reports.labels(InternalError.slug).inc()
-            raise InternalError("unexpected error in the broker", retry_after=5) from None
         metrics.connection_reports.labels("recorded" if written else "unchanged").inc()
         return ReportAccepted(nextReportAfterSeconds=reporter.next_report_after)
 

@@ -20,11 +20,17 @@ from control_plane_broker.api.access import AccessLog, access_level, request_id_
 from control_plane_broker.api.app import (
     ConnectionReportBody,
     Health,
+    answered_as_problem,
     create_app,
     report_from_body,
 )
 from control_plane_broker.connections.report_service import ConnectionReporter
-from control_plane_broker.errors import ControlPlaneUnavailable, IdentityNotProven
+from control_plane_broker.errors import (
+    ControlPlaneUnavailable,
+    IdentityNotProven,
+    InternalError,
+    RateLimited,
+)
 from control_plane_broker.identity.runtime_proof import RuntimeProof
 from control_plane_broker.issuing.token_issuer import TokenIssuer
 from control_plane_broker.kube.caches import kyma_informer
@@ -230,6 +236,34 @@ async def test_a_bug_ends_inside_the_app(caplog: pytest.LogCaptureFixture) -> No
     lines = [rec for rec in caplog.records if rec.msg == "request"]
     assert [getattr(rec, "status", None) for rec in lines] == [503]
     assert [getattr(rec, "retry_after", None) for rec in lines] == ["5"]  # when it comes back
+    assert SECRET_TEXT not in caplog.text
+
+
+def outcomes(counter: Any) -> dict[str, float]:
+    return {
+        sample.labels["outcome"]: sample.value
+        for metric in counter.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.value
+    }
+
+
+def test_a_route_counts_its_refusals_and_makes_a_bug_a_problem(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = Metrics()
+    with pytest.raises(RateLimited), answered_as_problem(metrics.connection_reports):
+        raise RateLimited("too often", retry_after=3)
+    caplog.set_level(logging.ERROR, logger="control_plane_broker.access")
+    with pytest.raises(InternalError) as bug, answered_as_problem(metrics.connection_reports):
+        raise ValueError(f"cannot parse {SECRET_TEXT}")
+    assert bug.value.retry_after == 5
+    assert bug.value.__suppress_context__  # the bug's text does not travel with the problem
+    assert outcomes(metrics.connection_reports) == {"rate-limited": 1, "internal-error": 1}
+    assert outcomes(metrics.token_requests) == {}
+    assert [(r.msg, getattr(r, "error", None)) for r in caplog.records] == [
+        ("unexpected error", "ValueError")
+    ]
     assert SECRET_TEXT not in caplog.text
 
 
