@@ -174,19 +174,16 @@ def judge(
     )
     if connected is not None:
         status, reason, message = connected
-        after = state.set_condition(
+        set_connected = state.with_condition(
             after,
-            type_=CONNECTED,
-            status=status,
-            reason=reason,
-            message=message,
+            state.Condition(CONNECTED, status, reason, message),
             now=now,
-            observed_generation=generation,
+            generation=generation,
         )
-        _, tell = state.condition_changed(before, after, CONNECTED)
-        if tell and reason == NOT_CONNECTED_AFTER_TOKEN:
+        after = set_connected.conditions
+        if set_connected.news and reason == NOT_CONNECTED_AFTER_TOKEN:
             warnings.append(WarningEvent(EVENT_NOT_CONNECTED, message))
-        elif tell and tell_failures and not status and reason in FAILED_STATES:
+        elif set_connected.news and tell_failures and not status and reason in FAILED_STATES:
             said = f"the runtime reports {reason}"
             error = for_humans(record.last_error or "") if record is not None else ""
             text = f"{said}: {error}" if error else said
@@ -203,17 +200,14 @@ def judge(
     )
     if stale is not None:
         status, reason, message = stale
-        after = state.set_condition(
+        set_stale = state.with_condition(
             after,
-            type_=REPORTS_STALE,
-            status=status,
-            reason=reason,
-            message=message,
+            state.Condition(REPORTS_STALE, status, reason, message),
             now=now,
-            observed_generation=generation,
+            generation=generation,
         )
-        _, tell = state.condition_changed(before, after, REPORTS_STALE)
-        if tell and status:
+        after = set_stale.conditions
+        if set_stale.news and status:
             warnings.append(WarningEvent(EVENT_REPORTS_STALE, message))
     return after, tuple(warnings)
 

@@ -472,19 +472,5 @@ class KymaReconciler:
             if forgotten and kyma is not None:
                 await self._status.runtime_lost(kyma=kyma, compass_id=compass_id)
             return
-        conditions = list((mapping.raw.get("status") or {}).get("conditions") or [])
-        conditions = state.set_condition(
-            conditions,
-            type_="LabelsSynced",
-            status=True,
-            reason="LabelsSynced",
-            message=f"{len(changes)} Director label(s) written",
-            now=self._clock(),
-            observed_generation=state.generation_of(mapping),
-        )
-        await self._repo.patch_status(
-            mapping.name,
-            {"directorLabels": desired, "conditions": conditions},
-            resource_version=mapping.resource_version,
-        )
+        await self._status.labels_synced(mapping, written=len(changes), desired=desired)
         log.info("director labels synced", extra={"kyma": mapping.name, "keys": sorted(changes)})

@@ -1,8 +1,9 @@
-"""The mapping's status and the Events that go with it: the conditions of registration, token,
-unregistration and label sync failures, the status after a token was issued, and the
-conflict-safe write of a computed change with its Warning Events (what connection reports and
-the leader's connection checks decide, `connections/report_rules.Change`). Not one feature's:
-the token path, the reconciler and connection reports write through it.
+"""The mapping's status and the Events that go with it, the broker's only writer of a mapping's
+status: the conditions of registration, token, unregistration and label sync failures, the
+status after a token was issued or Director's labels synced, and the conflict-safe write of a
+computed change with its Warning Events (what connection reports and the leader's connection
+checks decide, `connections/report_rules.Change`). Not one feature's: the token path, the
+reconciler and connection reports write through it.
 
 What always holds:
 - the status is written only when it would change (read from the watch-fed mapping view), with
@@ -14,7 +15,9 @@ What always holds:
   `False` with a CamelCase reason from the error's problem type, `observedGeneration` of the
   mapping, and `lastTransitionTime` moved only when the status flips (cert-manager style); a
   Warning Event is emitted only when the status or the reason is new;
-- best effort: a status or Event that cannot be written never changes the caller's outcome;
+- best effort: a status or Event that cannot be written never changes the caller's outcome,
+  but for a connection report's and the label sync's write (raised: the agent or the reconciler
+  tries again);
 - messages come from the broker's own error texts, which never hold a token.
 """
 
@@ -62,19 +65,17 @@ def issued_status(mapping: Mapping, *, registered: Registered, now: float) -> di
     """The status after a token was issued, or None when what is there already says so."""
     before = dict(mapping.raw.get("status") or {})
     conditions = state.conditions_of(mapping)
-    for type_, reason, message in (
-        ("Registered", "RuntimeRegistered", f"Compass runtime {registered.compass_id}"),
-        ("TokenIssued", "TokenIssued", "a one-time token was handed to the runtime agent"),
+    for condition in (
+        state.Condition(
+            "Registered", True, "RuntimeRegistered", f"Compass runtime {registered.compass_id}"
+        ),
+        state.Condition(
+            "TokenIssued", True, "TokenIssued", "a one-time token was handed to the runtime agent"
+        ),
     ):
-        conditions = state.set_condition(
-            conditions,
-            type_=type_,
-            status=True,
-            reason=reason,
-            message=message,
-            now=now,
-            observed_generation=state.generation_of(mapping),
-        )
+        conditions = state.with_condition(
+            conditions, condition, now=now, generation=state.generation_of(mapping)
+        ).conditions
     after = {**before, "registered": True, "configured": True, "state": "Ready"}
     after["conditions"] = conditions
     if before.get("compassRefusal") is not None:
@@ -100,25 +101,36 @@ def failed_status(
     refusal: state.TenantRefusal | None = None,
 ) -> tuple[dict[str, Any] | None, bool]:
     """(the status to write or None, whether the failure is news worth an Event)."""
-    before = state.conditions_of(mapping)
-    after = state.set_condition(
-        before,
-        type_=condition,
-        status=False,
-        reason=reason,
-        message=message,
+    failure = state.with_condition(
+        state.conditions_of(mapping),
+        state.Condition(condition, False, reason, message),
         now=now,
-        observed_generation=state.generation_of(mapping),
+        generation=state.generation_of(mapping),
     )
-    write, tell = state.condition_changed(before, after, condition)
     status: dict[str, Any] = {}
-    if write:
-        status["conditions"] = after
+    if failure.changed:
+        status["conditions"] = failure.conditions
     if director_labels is not None and director_labels != mapping.director_labels:
         status["directorLabels"] = director_labels
     if refusal is not None and refusal != mapping.tenant_refusal:
         status["compassRefusal"] = refusal.to_status()
-    return (status or None), tell
+    return (status or None), failure.news
+
+
+def labels_synced_status(
+    mapping: Mapping, *, written: int, desired: dict[str, str], now: float
+) -> dict[str, Any]:
+    """The status after the leader wrote `written` Director labels: `desired` recorded and
+    `LabelsSynced` true."""
+    synced = state.with_condition(
+        state.conditions_of(mapping),
+        state.Condition(
+            "LabelsSynced", True, "LabelsSynced", f"{written} Director label(s) written"
+        ),
+        now=now,
+        generation=state.generation_of(mapping),
+    )
+    return {"directorLabels": desired, "conditions": synced.conditions}
 
 
 class StatusRecorder:
@@ -207,6 +219,18 @@ class StatusRecorder:
                 )
             return True
         raise Conflict(f"mapping {mapping.name} kept changing")
+
+    async def labels_synced(
+        self, mapping: Mapping, *, written: int, desired: dict[str, str]
+    ) -> None:
+        """Records Director's labels as the leader wrote them, conditional on the
+        resourceVersion the labels were judged from. Not best effort, unlike the other writes:
+        raises `KubeError` (`Conflict` included) so the reconciler backs off and judges again."""
+        await self._repo.patch_status(
+            mapping.name,
+            labels_synced_status(mapping, written=written, desired=desired, now=self._clock()),
+            resource_version=mapping.resource_version,
+        )
 
     async def issued(self, *, kyma: KymaView, registered: Registered) -> None:
         now = self._clock()

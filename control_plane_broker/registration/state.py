@@ -491,7 +491,51 @@ def without_finalizer(mapping: Mapping) -> dict[str, Any]:
 # --- status ----------------------------------------------------------------------------------
 
 
-def set_condition(
+@dataclass(frozen=True)
+class Condition:
+    """A condition as the broker sets it on a mapping (`with_condition`)."""
+
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ConditionSet:
+    """The conditions with one condition set, and what that did to that condition: `changed`,
+    anything to write; `news`, worth an Event (a new status or a new reason, so a failure that
+    keeps failing the same way writes nothing and tells nobody twice; a new message alone is
+    written, not told)."""
+
+    conditions: list[dict[str, Any]]
+    changed: bool
+    news: bool
+
+
+def with_condition(
+    conditions: list[dict[str, Any]], condition: Condition, *, now: float, generation: int | None
+) -> ConditionSet:
+    """`conditions` with `condition` upserted, its `observedGeneration` the mapping's
+    `generation`; `lastTransitionTime` changes only when the status flips. Other conditions
+    are kept as they are, so an unchanged input gives an equal output (nothing to write)."""
+    after = _set_condition(
+        conditions,
+        type_=condition.type,
+        status=condition.status,
+        reason=condition.reason,
+        message=condition.message,
+        now=now,
+        observed_generation=generation,
+    )
+    old = find_condition(conditions, condition.type) or {}
+    new = find_condition(after, condition.type) or {}
+    changed = old != new
+    said = (old.get("status"), old.get("reason")) != (new.get("status"), new.get("reason"))
+    return ConditionSet(after, changed=changed, news=changed and said)
+
+
+def _set_condition(
     conditions: list[dict[str, Any]],
     *,
     type_: str,
@@ -499,12 +543,8 @@ def set_condition(
     reason: str,
     message: str,
     now: float,
-    observed_generation: int | None = None,
+    observed_generation: int | None,
 ) -> list[dict[str, Any]]:
-    """Upserts a condition; `lastTransitionTime` changes only when the status flips.
-
-    Other conditions are kept as they are, so an unchanged input gives an equal output: callers
-    compare the two and skip the write (`condition_changed`)."""
     value = "True" if status else "False"
     out = []
     found = False
@@ -557,19 +597,6 @@ def _condition(
 
 def find_condition(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
     return next((c for c in conditions if c.get("type") == type_), None)
-
-
-def condition_changed(
-    before: list[dict[str, Any]], after: list[dict[str, Any]], type_: str
-) -> tuple[bool, bool]:
-    """(anything to write, worth an Event): an Event only for a new status or a new reason, so a
-    failure that keeps failing the same way writes nothing and tells nobody twice."""
-    old, new = find_condition(before, type_), find_condition(after, type_)
-    if new is None or old == new:
-        return False, False
-    if old is None:
-        return True, True
-    return True, (old.get("status"), old.get("reason")) != (new.get("status"), new.get("reason"))
 
 
 def conditions_of(mapping: Mapping | None) -> list[dict[str, Any]]:

@@ -16,61 +16,76 @@ from control_plane_broker.reconciler.mapping_status import (
     failed_status,
     failure_text,
     issued_status,
+    labels_synced_status,
 )
 from control_plane_broker.registration import state
 from control_plane_broker.registration.service import Registered
 from kubeapi import Conflict, KubeUnavailable
 
 
-def _fail(conds: list[dict[str, object]], reason: str, now: float) -> list[dict[str, object]]:
-    return state.set_condition(
-        conds,
-        type_="Unregistered",
-        status=False,
-        reason=reason,
-        message="m",
-        now=now,
-        observed_generation=3,
+def _fail(
+    conds: list[dict[str, Any]], reason: str, now: float, message: str = "m"
+) -> state.ConditionSet:
+    return state.with_condition(
+        conds, state.Condition("Unregistered", False, reason, message), now=now, generation=3
     )
 
 
 def test_repeated_failure_writes_nothing_and_tells_nobody() -> None:
-    other: dict[str, object] = {
+    other: dict[str, Any] = {
         "type": "Registered",
         "status": "True",
         "reason": "R",
         "message": "x",
     }
     first = _fail([other], "CompassUnavailable", now=10)
-    assert state.condition_changed([other], first, "Unregistered") == (True, True)
-    assert first[0] == other  # other conditions untouched
-    cond = state.find_condition(first, "Unregistered")
+    assert (first.changed, first.news) == (True, True)
+    assert first.conditions[0] == other  # other conditions untouched
+    cond = state.find_condition(first.conditions, "Unregistered")
     assert cond is not None
     assert cond["observedGeneration"] == 3
-    again = _fail(first, "CompassUnavailable", now=500)
-    assert again == first  # same status, reason, message: equal, transition time kept
-    assert state.condition_changed(first, again, "Unregistered") == (False, False)
+    again = _fail(first.conditions, "CompassUnavailable", now=500)
+    # same status, reason, message: equal, transition time kept
+    assert again.conditions == first.conditions
+    assert (again.changed, again.news) == (False, False)
 
 
 def test_new_reason_is_written_and_told_new_message_only_written() -> None:
-    first = _fail([], "CompassUnavailable", now=10)
+    first = _fail([], "CompassUnavailable", now=10).conditions
     other_reason = _fail(first, "CompassRejected", now=20)
-    assert state.condition_changed(first, other_reason, "Unregistered") == (True, True)
+    assert (other_reason.changed, other_reason.news) == (True, True)
     # the status did not flip: the transition time stays
-    assert other_reason[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
-    other_message = state.set_condition(
-        first, type_="Unregistered", status=False, reason="CompassUnavailable", message="n", now=30
-    )
-    assert state.condition_changed(first, other_message, "Unregistered") == (True, False)
+    assert other_reason.conditions[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
+    other_message = _fail(first, "CompassUnavailable", now=30, message="n")
+    assert (other_message.changed, other_message.news) == (True, False)
 
 
 def test_flip_moves_transition_time_and_is_told() -> None:
-    failed = _fail([], "CompassUnavailable", now=10)
-    ok = state.set_condition(
-        failed, type_="Unregistered", status=True, reason="Done", message="m", now=100
+    failed = _fail([], "CompassUnavailable", now=10).conditions
+    ok = state.with_condition(
+        failed, state.Condition("Unregistered", True, "Done", "m"), now=100, generation=None
     )
-    assert ok[0]["lastTransitionTime"] != failed[0]["lastTransitionTime"]
-    assert state.condition_changed(failed, ok, "Unregistered") == (True, True)
+    assert ok.conditions[0]["lastTransitionTime"] != failed[0]["lastTransitionTime"]
+    assert "observedGeneration" not in ok.conditions[0]  # a mapping without one: none claimed
+    assert (ok.changed, ok.news) == (True, True)
+
+
+def test_labels_synced_records_the_labels_and_keeps_the_other_conditions() -> None:
+    failed = _fail([], "CompassUnavailable", now=10).conditions
+    status = labels_synced_status(
+        mapping({"conditions": failed}), written=2, desired={"a": "1"}, now=NOW
+    )
+    assert status["directorLabels"] == {"a": "1"}
+    assert status["conditions"][0] == failed[0]
+    synced = state.find_condition(status["conditions"], "LabelsSynced")
+    assert synced is not None
+    assert (synced["status"], synced["reason"], synced["message"]) == (
+        "True",
+        "LabelsSynced",
+        "2 Director label(s) written",
+    )
+    assert synced["lastTransitionTime"] == state.to_rfc3339(NOW)
+    assert synced["observedGeneration"] == 2  # the mapping's generation
 
 
 @pytest.mark.parametrize(
@@ -164,14 +179,12 @@ def test_a_change_is_written_at_once_with_the_old_timestamp() -> None:
     failed = mapping(
         {
             **written,
-            "conditions": state.set_condition(
+            "conditions": state.with_condition(
                 written["conditions"],
-                type_="TokenIssued",
-                status=False,
-                reason="CompassUnavailable",
-                message="m",
+                state.Condition("TokenIssued", False, "CompassUnavailable", "m"),
                 now=NOW + 5,
-            ),
+                generation=None,
+            ).conditions,
         }
     )
     healed = issued_status(failed, registered=REGISTERED, now=NOW + 10)
@@ -249,6 +262,7 @@ class _Writes:
 
     def __init__(self) -> None:
         self.patched: list[tuple[str, str | None]] = []
+        self.refusal: Exception | None = None
 
     async def get(self, name: str) -> state.Mapping | None:
         raise AssertionError(f"read {name}: the registration's own write was fresher")
@@ -257,6 +271,8 @@ class _Writes:
         self, name: str, status: dict[str, Any], *, resource_version: str | None = None
     ) -> None:
         self.patched.append((name, resource_version))
+        if self.refusal is not None:
+            raise self.refusal
 
 
 class _NoCache:
@@ -288,3 +304,19 @@ async def test_a_new_registration_writes_its_status_on_its_own_write_without_rea
     await recorder.issued(kyma=kyma, registered=registered)
     assert repo.patched == [("rt-1", "42")]  # conditional on the version it wrote, no GET
     assert events.reasons == ["RuntimeRegistered"]
+
+
+async def test_label_sync_writes_on_the_version_it_judged_and_lets_a_conflict_through() -> None:
+    repo = _Writes()
+    recorder = StatusRecorder(
+        repo=repo,  # type: ignore[arg-type]
+        cache=_NoCache(),
+        events=_Events(),  # type: ignore[arg-type]
+        clock=lambda: NOW,
+    )
+    await recorder.labels_synced(mapping(), written=1, desired={"a": "1"})
+    assert repo.patched == [("rt-1", "7")]  # conditional, no read
+    # Unlike the best-effort writes: the reconciler backs off and judges the labels again.
+    repo.refusal = Conflict("changed meanwhile")
+    with pytest.raises(Conflict):
+        await recorder.labels_synced(mapping(), written=1, desired={"a": "1"})

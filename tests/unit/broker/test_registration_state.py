@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from control_plane_broker.kyma import KymaView
@@ -79,11 +81,15 @@ def test_mapping_round_trip_claim_and_record() -> None:
 
 
 def test_condition_transition_time_changes_only_on_flip() -> None:
-    c1 = state.set_condition([], type_="Registered", status=True, reason="r", message="m", now=0)
-    c2 = state.set_condition(c1, type_="Registered", status=True, reason="r2", message="m", now=100)
+    def registered(conds: list[dict[str, Any]], status: bool, reason: str, now: float) -> Any:
+        condition = state.Condition("Registered", status, reason, "m")
+        return state.with_condition(conds, condition, now=now, generation=None).conditions
+
+    c1 = registered([], True, "r", now=0)
+    c2 = registered(c1, True, "r2", now=100)
     assert c2[0]["lastTransitionTime"] == c1[0]["lastTransitionTime"]
     assert c2[0]["reason"] == "r2"
-    c3 = state.set_condition(c2, type_="Registered", status=False, reason="r", message="m", now=100)
+    c3 = registered(c2, False, "r", now=100)
     assert c3[0]["lastTransitionTime"] != c1[0]["lastTransitionTime"]
 
 
