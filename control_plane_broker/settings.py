@@ -2,7 +2,9 @@
 
 Every field has a default that is safe for production except the Director endpoint and
 credentials, which must be given. README.md lists every field; a test keeps them in sync.
-Settings are passed down explicitly; nothing reads the environment after start-up.
+Settings are passed down explicitly; nothing reads the environment after start-up. A use case
+gets only its concern's settings: a small frozen group built from `Settings` in the wiring
+(`Settings.registration_settings` and the like), its fields named as in `Settings`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,52 @@ MINUTE = 60.0
 HOUR = 3600.0
 DAY = 86400.0
 WEEK = 7 * DAY
+
+
+@dataclass(frozen=True)
+class ModuleSettings:
+    """Which module a Kyma must have on, and what happens when it is turned off."""
+
+    module_name: str
+    module_required: bool
+    module_disabled_policy: DisabledPolicy
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """Connection reports: how often agents report, and how their records are judged."""
+
+    report_interval_seconds: int
+    report_min_interval_seconds: float
+    report_refresh_seconds: float
+    report_stale_seconds: float
+    connect_deadline_seconds: float
+
+
+@dataclass(frozen=True)
+class RegistrationSettings:
+    """Registering a runtime: its mapping's claim, Director's labels and call budget."""
+
+    kcp_namespace: str
+    registration_claim_seconds: float
+    tenant_recheck_seconds: float
+    runtime_id_label: str
+    managed_by_label_value: str
+    director_timeout_seconds: float
+    director_queue_timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class ReconcilerSettings:
+    """The leader's loops: sweeps, connection checks, unregistration and label sync."""
+
+    kcp_namespace: str
+    sweep_interval_seconds: float
+    connection_check_interval_seconds: float
+    runtime_id_label: str
+    managed_by_label_value: str
+    module: ModuleSettings
+    reports: ReportSettings
 
 
 class Settings(BaseSettings):
@@ -406,6 +454,44 @@ class Settings(BaseSettings):
 
     def allowed_service_account_set(self) -> frozenset[tuple[str, str]]:
         return parse_service_accounts(self.allowed_service_accounts)
+
+    def module_settings(self) -> ModuleSettings:
+        return ModuleSettings(
+            module_name=self.module_name,
+            module_required=self.module_policy == "required",
+            module_disabled_policy=self.module_disabled_policy,
+        )
+
+    def report_settings(self) -> ReportSettings:
+        return ReportSettings(
+            report_interval_seconds=self.report_interval_seconds,
+            report_min_interval_seconds=self.report_min_interval_seconds,
+            report_refresh_seconds=self.report_refresh_seconds,
+            report_stale_seconds=self.report_stale_seconds,
+            connect_deadline_seconds=self.connect_deadline_seconds,
+        )
+
+    def registration_settings(self) -> RegistrationSettings:
+        return RegistrationSettings(
+            kcp_namespace=self.kcp_namespace,
+            registration_claim_seconds=self.registration_claim_seconds,
+            tenant_recheck_seconds=self.tenant_recheck_seconds,
+            runtime_id_label=self.runtime_id_label,
+            managed_by_label_value=self.managed_by_label_value,
+            director_timeout_seconds=self.director_timeout_seconds,
+            director_queue_timeout_seconds=self.director_queue_timeout_seconds,
+        )
+
+    def reconciler_settings(self) -> ReconcilerSettings:
+        return ReconcilerSettings(
+            kcp_namespace=self.kcp_namespace,
+            sweep_interval_seconds=self.sweep_interval_seconds,
+            connection_check_interval_seconds=self.connection_check_interval_seconds,
+            runtime_id_label=self.runtime_id_label,
+            managed_by_label_value=self.managed_by_label_value,
+            module=self.module_settings(),
+            reports=self.report_settings(),
+        )
 
 
 def parse_service_accounts(text: str) -> frozenset[tuple[str, str]]:

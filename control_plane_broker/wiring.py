@@ -101,7 +101,7 @@ async def run(
             settings, kcp_access, stack=stack, me=me, metrics=metrics, deferred=deferred
         )
         registration = RegistrationService(
-            settings=settings,
+            settings=settings.registration_settings(),
             repo=kcp.repo,
             cache=kcp.mappings,
             director=director,
@@ -423,7 +423,7 @@ def endpoints(
         module_required=settings.module_policy == "required",
     )
     issuer = TokenIssuer(
-        settings=settings,
+        request_deadline_seconds=settings.request_deadline_seconds,
         proof=proof,
         registration=registration,
         director=director,
@@ -438,7 +438,7 @@ def endpoints(
         after_answer=deferred.defer,
     )
     reporter = ConnectionReporter(
-        settings=settings,
+        settings=settings.report_settings(),
         proof=proof,
         mappings=kcp.mappings,
         status=kcp.status,
@@ -493,7 +493,7 @@ def background_tasks(
     if not settings.reconciler_enabled:
         return
     reconciler = KymaReconciler(
-        settings=settings,
+        settings=settings.reconciler_settings(),
         cache=kcp.kymas,
         mappings=kcp.mappings,
         repo=kcp.repo,

@@ -34,7 +34,7 @@ from control_plane_broker.identity.verifier import IdentityChecked
 from control_plane_broker.overload.rate_limit import RateLimiter
 from control_plane_broker.reconciler.mapping_status import StatusRecorder
 from control_plane_broker.registration.state import Mapping as MappingRecord
-from control_plane_broker.settings import Settings
+from control_plane_broker.settings import ReportSettings
 from kubeapi import KubeError
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class MappingReader(Protocol):
     def get(self, name: str) -> MappingRecord | None: ...
 
 
-def report_limits(settings: Settings) -> Limits:
+def report_limits(settings: ReportSettings) -> Limits:
     return Limits(
         refresh_seconds=settings.report_refresh_seconds,
         stale_seconds=settings.report_stale_seconds,
@@ -56,7 +56,7 @@ class ConnectionReporter:
     def __init__(
         self,
         *,
-        settings: Settings,
+        settings: ReportSettings,
         proof: RuntimeProof,
         mappings: MappingReader,
         status: StatusRecorder,

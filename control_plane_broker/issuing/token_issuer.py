@@ -43,7 +43,6 @@ from control_plane_broker.overload.rate_limit import RateLimiter
 from control_plane_broker.overload.reservations import Reservation
 from control_plane_broker.reconciler.mapping_status import StatusRecorder
 from control_plane_broker.registration.service import Registered, RegistrationService
-from control_plane_broker.settings import Settings
 
 # The name it logged under before it moved into its package: log lines stay as they were.
 log = logging.getLogger("control_plane_broker.issuing")
@@ -65,7 +64,7 @@ class TokenIssuer:
     def __init__(
         self,
         *,
-        settings: Settings,
+        request_deadline_seconds: float,
         proof: RuntimeProof,
         registration: RegistrationService,
         director: DirectorApi,
@@ -79,8 +78,9 @@ class TokenIssuer:
         token is issued or Director failed), to run later (`overload/deferred_writes`): a
         status write under load can take seconds, and while requests wait for Director they
         must not share the broker and the KCP API server with bookkeeping (default: they are
-        awaited before the answer)."""
-        self._settings = settings
+        awaited before the answer). `request_deadline_seconds`: how long after its arrival a
+        request may still be answered (`BROKER_REQUEST_DEADLINE_SECONDS`)."""
+        self._deadline_seconds = request_deadline_seconds
         self._proof = proof
         self._director = director
         self._director_limiter = director_limiter
@@ -109,9 +109,7 @@ class TokenIssuer:
         first contact in (`identity.verifier.prove`). `arrived_at` (this issuer's clock): when
         the request reached the broker; its deadline, which its reservation carries to each of
         its Director calls, counts from then (default: now)."""
-        deadline = (
-            self._clock() if arrived_at is None else arrived_at
-        ) + self._settings.request_deadline_seconds
+        deadline = (self._clock() if arrived_at is None else arrived_at) + self._deadline_seconds
         kyma = await self._guard(runtime_id, headers, caller_present, identity_checked)
         known = self._registrar.known(kyma)
         reservation = self._director_limiter.reserve(

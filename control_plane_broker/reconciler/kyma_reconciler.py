@@ -45,7 +45,7 @@ from control_plane_broker.registration.service import (
     RegistrationService,
 )
 from control_plane_broker.registration.state import Mapping
-from control_plane_broker.settings import Settings
+from control_plane_broker.settings import ReconcilerSettings
 from kubeapi import Conflict, Informer, KubeError
 
 # The name it logged under before it moved into its package: log lines stay as they were.
@@ -114,7 +114,7 @@ class KymaReconciler:
     def __init__(
         self,
         *,
-        settings: Settings,
+        settings: ReconcilerSettings,
         cache: Informer[KymaView],
         mappings: Informer[Mapping],
         repo: MappingRepository,
@@ -184,7 +184,7 @@ class KymaReconciler:
         """Judges every mapping of the view; writes (and tells) only what changed. Returns the
         number of mappings written. A mapping that cannot be written now is tried again at the
         next check: the judgement is level-based, nothing is lost by skipping one."""
-        limits = report_limits(self._s)
+        limits = report_limits(self._s.reports)
         written = 0
         for index, mapping in enumerate(self._mapping_view.values()):
             if index % CHECK_BATCH == CHECK_BATCH - 1:
@@ -261,7 +261,7 @@ class KymaReconciler:
             case Nothing():
                 # The common case, decided on the watch-fed view without a request. A changed
                 # mapping (revoked, or lifted) is judged at once, not at the next periodic check.
-                await self._judge_connection(viewed, report_limits(self._s))
+                await self._judge_connection(viewed, report_limits(self._s.reports))
                 return
             case Requeue(after=after):
                 # A registration in flight: nothing to act on, so nothing to read either (its
@@ -290,9 +290,9 @@ class KymaReconciler:
             mapping,
             kyma,
             now=self._clock(),
-            module=self._s.module_name,
-            module_required=self._s.module_policy == "required",
-            disabled_policy=self._s.module_disabled_policy,
+            module=self._s.module.module_name,
+            module_required=self._s.module.module_required,
+            disabled_policy=self._s.module.module_disabled_policy,
             desired_labels=desired,
         )
 

@@ -63,7 +63,7 @@ from control_plane_broker.metrics import Metrics
 from control_plane_broker.overload.reservations import Reservation
 from control_plane_broker.registration import naming, state
 from control_plane_broker.registration.state import Mapping
-from control_plane_broker.settings import Settings
+from control_plane_broker.settings import RegistrationSettings
 from control_plane_broker.singleflight import SingleFlight
 from kubeapi import Conflict, KubeError
 
@@ -112,7 +112,7 @@ class RegistrationService:
     def __init__(
         self,
         *,
-        settings: Settings,
+        settings: RegistrationSettings,
         repo: MappingRepository,
         cache: MappingReader,
         director: DirectorApi,

@@ -213,7 +213,7 @@ class Plant:
 
     def reconciler(self, *, director: Any, leading: Callable[[], bool]) -> KymaReconciler:
         return KymaReconciler(
-            settings=self.settings,
+            settings=self.settings.reconciler_settings(),
             cache=self.kymas,
             mappings=self.mappings,
             repo=self.repo,
@@ -279,7 +279,7 @@ async def plant(
     )
     director = DirectorClient(http=clients[0], url=sim.director_url, oauth=oauth, limiter=limiter)
     registration = RegistrationService(
-        settings=settings,
+        settings=settings.registration_settings(),
         repo=repo,
         cache=mappings,
         director=director,

@@ -96,7 +96,12 @@ def issuer_with(cache: Any, touched: list[str], **given: Any) -> TokenIssuer:
         for name in ("registration", "director", "director_limiter", "status", "limiter")
     }
     parts |= given
-    return TokenIssuer(settings=Settings(), proof=proof, clock=lambda: 0.0, **parts)
+    return TokenIssuer(
+        request_deadline_seconds=Settings().request_deadline_seconds,
+        proof=proof,
+        clock=lambda: 0.0,
+        **parts,
+    )
 
 
 def reporter_with(cache: Any, touched: list[str], **given: Any) -> ConnectionReporter:
@@ -106,7 +111,11 @@ def reporter_with(cache: Any, touched: list[str], **given: Any) -> ConnectionRep
     }
     parts |= given
     return ConnectionReporter(
-        settings=Settings(), proof=proof, clock=lambda: 0.0, wall=lambda: 0.0, **parts
+        settings=Settings().report_settings(),
+        proof=proof,
+        clock=lambda: 0.0,
+        wall=lambda: 0.0,
+        **parts,
     )
 
 

@@ -228,7 +228,7 @@ def world(
     )
     director_limiter.schedule.latency = 0.125  # exact in binary: a call reserves 1/8 s of one slot
     issuer = TokenIssuer(
-        settings=Settings(),
+        request_deadline_seconds=Settings().request_deadline_seconds,
         proof=RuntimeProof(
             cache=recorder,
             verifier=recorder,

@@ -38,7 +38,7 @@ def test_a_registration_in_flight_is_looked_at_again_later_without_a_read() -> N
 
     async def scenario() -> None:
         reconciler = KymaReconciler(
-            settings=Settings(director_url="http://director.invalid"),  # type: ignore[call-arg]
+            settings=Settings().reconciler_settings(),
             cache=_View({}),  # type: ignore[arg-type]
             mappings=_View({"rt-1": claimed}),  # type: ignore[arg-type]
             repo=_NoReads(),  # type: ignore[arg-type]
