@@ -5,10 +5,10 @@ and moving docs breaks links first; this finds them before a reader does."""
 from __future__ import annotations
 
 import re
-import subprocess
 from functools import cache
 from pathlib import Path
 
+from devenv.docs_facts import markdown_files
 from tests.conftest import REPO_ROOT
 
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
@@ -16,13 +16,7 @@ _FENCE = re.compile(r"^\s*```")
 
 
 def _markdown_files() -> list[Path]:
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.md"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
+    listed = markdown_files(None, excluded=())
     return [REPO_ROOT / path for path in listed if (REPO_ROOT / path).is_file()]
 
 

@@ -44,6 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MARKER = "KYMA_COMPASS_PULL_DEMO"  # the demo puts it, with its work folder, in every child's env
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 JWT = re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")
+REAL_RUNTIME_AGENT = "compass-runtime-agent (real, 859cac3)"
 
 
 def demo_command(workdir: Path, *args: str) -> list[str]:
@@ -429,7 +430,7 @@ def test_the_demo_with_the_real_compass_runtime_agent(tmp_path: Path) -> None:
     check_story(
         out,
         compass="Compass simulator",
-        runtime_agent_b="compass-runtime-agent (real, 859cac3)",
+        runtime_agent_b=REAL_RUNTIME_AGENT,
     )
     assert "as ServiceAccount kyma-system/compass-runtime-agent (its own RBAC)" in out
     assert "mTLS      https://127.0.0.1:" in out  # the certificate-secured side it syncs with
@@ -462,18 +463,9 @@ def test_the_demo_on_the_whole_real_path_but_the_node(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     real = ["--real-director", "--real-connector", "--real-runtime-agent", "--klm"]
     out = run_demo(workdir, *real, timeout=400)
-    check_story(
-        out,
-        compass=(
-            "The real Compass Director, Connector, hydrator and Oathkeeper (kyma-incubator/compass "
-            "a423d60704, ory/oathkeeper v0.40.6)"
-        ),
-        runtime_agent_b="compass-runtime-agent (real, 859cac3)",
-    )
+    check_whole_real_story(out)
     assert "then the Connector: all real" in out
     assert "a client certificate's CN names the runtime's SystemAuth" in out
-    # Named by the real Connector, with Compass's default subject.
-    assert re.search(r"Synchronized: client certificate CN=[0-9a-f-]{36}, O=Org", out)
     check_lifecycle_manager(out, workdir)
     listed = {e["name"] for e in json.loads((workdir / "processes.json").read_text())}
     assert {
@@ -487,6 +479,21 @@ def test_the_demo_on_the_whole_real_path_but_the_node(tmp_path: Path) -> None:
         "(runtime A's module), compass-runtime-agent (runtime B)"
     ) in out
     assert took_seconds(out) < 240
+
+
+def check_whole_real_story(out: str) -> None:
+    """The story on Compass's own Director, Connector, hydrator and Oathkeeper, with the real
+    compass-runtime-agent in runtime B synchronized through them."""
+    check_story(
+        out,
+        compass=(
+            "The real Compass Director, Connector, hydrator and Oathkeeper (kyma-incubator/compass "
+            "a423d60704, ory/oathkeeper v0.40.6)"
+        ),
+        runtime_agent_b=REAL_RUNTIME_AGENT,
+    )
+    # Named by the real Connector, with Compass's default subject.
+    assert re.search(r"Synchronized: client certificate CN=[0-9a-f-]{36}, O=Org", out)
 
 
 def check_lifecycle_manager(out: str, workdir: Path, *, on_node: bool = False) -> None:
