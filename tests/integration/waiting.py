@@ -22,3 +22,17 @@ async def eventually(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {within}s waiting for {what or check}")
         await asyncio.sleep(interval)
+
+
+def wait_until(
+    predicate: Callable[[], Any], *, within: float, what: str, interval: float = 0.25
+) -> Any:
+    """Polls `predicate` until it returns something truthy; for tests that are not async."""
+    deadline = time.monotonic() + within
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        time.sleep(interval)

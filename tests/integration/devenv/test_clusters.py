@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from devenv.clusters import Binaries, TestCluster, running_cluster
 from tests.conftest import REPO_ROOT, NamespaceFactory
+from tests.integration.waiting import wait_until
 
 AUDIENCE = "compass-broker"
 
@@ -159,7 +160,17 @@ def test_identity_without_role_is_denied_by_rbac(
             subjects=[client.RbacV1Subject(kind="ServiceAccount", name="nobody", namespace=ns)],
         ),
     )
-    assert as_sa.list_namespaced_secret(ns).items == []
+
+    # The authorizer sees new RBAC objects through its informers, a moment after they are written.
+    def allowed() -> bool:
+        try:
+            return as_sa.list_namespaced_secret(ns).items == []
+        except ApiException as exc:
+            if exc.status == 403:
+                return False
+            raise
+
+    wait_until(allowed, within=10, what="the Role to take effect in the authorizer")
 
 
 def test_clusters_do_not_share_state(

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import base64
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -163,19 +162,6 @@ def deployment_condition(
         if condition.type == kind:
             return str(condition.status)
     return None
-
-
-def wait_until(
-    predicate: Callable[[], Any], *, within: float, what: str, interval: float = 0.25
-) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        time.sleep(interval)
 
 
 def pod_phase(core: client.CoreV1Api, namespace: str, name: str) -> str | None:

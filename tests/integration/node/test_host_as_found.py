@@ -22,8 +22,8 @@ from tests.integration.node.conftest import (
     pause_deployment,
     pod_phase,
     probe_pod,
-    wait_until,
 )
+from tests.integration.waiting import wait_until
 
 
 def test_a_node_with_pods_leaves_the_host_as_it_found_it(node_slot: NodeSlot) -> None:

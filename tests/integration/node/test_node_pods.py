@@ -21,8 +21,8 @@ from tests.integration.node.conftest import (
     pod_phase,
     pod_spec,
     probe_pod,
-    wait_until,
 )
+from tests.integration.waiting import wait_until
 
 POD_NETWORK = ipaddress.ip_network("10.77.0.0/16")
 

@@ -47,8 +47,8 @@ from tests.integration.node.conftest import (
     project_image,
     remove_module_state,
     token_secret,
-    wait_until,
 )
+from tests.integration.waiting import wait_until
 
 # Outside make test (which builds the image first) a changed tree builds it here: minutes.
 pytestmark = pytest.mark.timeout(900)

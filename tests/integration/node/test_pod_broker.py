@@ -66,8 +66,8 @@ from tests.integration.node.conftest import (
     project_image,
     remove_module_state,
     token_secret,
-    wait_until,
 )
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(900)
 
