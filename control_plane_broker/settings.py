@@ -114,7 +114,7 @@ class Settings(BaseSettings):
         le=1000,
     )
     first_contacts_in_progress: int = Field(
-        default=32,
+        default=64,
         description="Requests of runtimes this replica has not proven recently that are worked "
         "on at once; the others wait in arrival order in front of the app, costing no CPU "
         "(a herd of first contacts must not stall the event loop).",

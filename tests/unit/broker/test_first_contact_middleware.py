@@ -210,7 +210,7 @@ def test_the_limit_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("BROKER_FIRST_CONTACTS_IN_PROGRESS", "8")
     assert Settings().first_contacts_in_progress == 8
     monkeypatch.delenv("BROKER_FIRST_CONTACTS_IN_PROGRESS")
-    assert Settings().first_contacts_in_progress == 32
+    assert Settings().first_contacts_in_progress == 64
 
 
 def test_the_rate_lets_a_newcomer_wait_only_when_its_place_comes_within_max_wait() -> None:
