@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from control_plane_broker.backoff import backoff
@@ -101,6 +101,10 @@ def plan(  # noqa: PLR0911 - the ordered rules
         return Unregister("operator")
     if mapping.deleting:
         return Release()
+    if mapping.revoked is not None and not mapping.compass_id:
+        # Kept after an unregistration only to hold the revocation (`_keep_revoked`): with no
+        # runtime recorded, there is nothing to unregister or label until the Kyma goes.
+        return Nothing()
     if module_required and disabled_policy == "unregister" and not module_enabled(kyma, module):
         return Unregister("module-disabled")
     if mapping.compass_id and desired_labels is not None:
@@ -388,19 +392,30 @@ class KymaReconciler:
 
     async def _remove(self, mapping: Mapping) -> None:
         """Takes our finalizer off and deletes the mapping (both with the version read)."""
+
+        async def remove(current: Mapping) -> None:
+            if state.FINALIZER in current.finalizers:
+                await self._repo.replace(state.without_finalizer(current))
+            await self._repo.delete(mapping.name)
+
+        await self._on_current(mapping, remove, doing="removing it")
+
+    async def _on_current(
+        self, mapping: Mapping, write: Callable[[Mapping], Awaitable[None]], *, doing: str
+    ) -> None:
+        """`write` on the mapping as read, again on the current one after a conflict; nothing
+        once the mapping is gone."""
         current = mapping
         for _ in range(5):
             try:
-                if state.FINALIZER in current.finalizers:
-                    current = await self._repo.replace(state.without_finalizer(current))
-                await self._repo.delete(mapping.name)
+                await write(current)
                 return
             except Conflict:
                 fresh = await self._repo.get(mapping.name)
                 if fresh is None:
                     return
                 current = fresh
-        raise Conflict("mapping kept changing while removing it")
+        raise Conflict(f"mapping kept changing while {doing}")
 
     async def _unregister(self, mapping: Mapping, kyma: KymaView | None, reason: str) -> None:
         tenant = mapping.tenant or (kyma.tenant if kyma else None)
@@ -442,7 +457,20 @@ class KymaReconciler:
             reason="RuntimeUnregistered",
             message=f"unregistered from Compass ({reason})",
         )
-        await self._remove(mapping)
+        if mapping.revoked is not None and kyma is not None and not kyma.deleting:
+            await self._keep_revoked(mapping)
+        else:
+            await self._remove(mapping)
+
+    async def _keep_revoked(self, mapping: Mapping) -> None:
+        """A revoked runtime unregistered while its Kyma lives (module disabled, an operator's
+        request) keeps its mapping: whoever can switch the module off and on again must not lift
+        the revocation with it."""
+
+        async def keep(current: Mapping) -> None:
+            await self._repo.replace(state.unregistered_but_revoked(current))
+
+        await self._on_current(mapping, keep, doing="keeping its revocation")
 
     async def _sync_labels(
         self,

@@ -481,6 +481,19 @@ def forgotten(mapping: Mapping) -> dict[str, Any]:
     return obj
 
 
+def unregistered_but_revoked(mapping: Mapping) -> dict[str, Any]:
+    """A revoked mapping whose runtime was just unregistered while its Kyma lives: kept, without
+    the runtime, the operator's unregister request or a claim, so that the revocation outlives
+    the registration (deleted, the next token request would create a mapping that is not)."""
+    obj = forgotten(mapping)
+    meta = obj["metadata"]
+    annotations = dict(meta.get("annotations") or {})
+    for key in (ANNOTATION_UNREGISTER, ANNOTATION_HOLDER, ANNOTATION_EXPIRES):
+        annotations.pop(key, None)
+    meta["annotations"] = annotations
+    return obj
+
+
 def without_finalizer(mapping: Mapping) -> dict[str, Any]:
     obj = mapping.raw
     meta = obj.setdefault("metadata", {})

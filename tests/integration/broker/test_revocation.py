@@ -201,3 +201,49 @@ def test_the_xfcc_deny_list_refuses_listed_certificates_and_follows_the_file(
         lambda: broker.request_token(rt_a.runtime_id, headers=xfcc(rt_a, H_A)).status_code == 201,
         what="A's certificate taken off the deny list",
     )
+
+
+def test_a_revocation_outlives_unregistering_by_switching_the_module_off_and_on(
+    brokers: BrokerFactory, rt_a: Runtime, sim: Any
+) -> None:
+    """Whoever can switch the module off can have the runtime unregistered
+    (`BROKER_MODULE_DISABLED_POLICY=unregister`); switching it on again must not lift the
+    revocation: the mapping stays, holding only the revocation, until the Kyma goes."""
+    broker = brokers(BROKER_MODULE_DISABLED_POLICY="unregister", BROKER_RATE_LIMIT_BURST="100")
+    assert broker.request_token(rt_a.runtime_id, rt_a.token()).status_code == 201
+    annotate(rt_a, "leaked credentials")
+    wait_for(
+        lambda: broker.request_token(rt_a.runtime_id, rt_a.token()).status_code == 403,
+        what="the revocation reaching the broker's view",
+    )
+
+    rt_a.patch_kyma({"spec": {"modules": []}})
+    wait_for(lambda: not list(sim.runtimes(rt_a.tenant)), what="the unregistration")
+
+    def runtime_dropped() -> bool:
+        mapping = rt_a.mapping()
+        labels = (mapping or {}).get("metadata", {}).get("labels") or {}
+        return "kyma-project.io/compass-runtime-id" not in labels
+
+    wait_for(runtime_dropped, what="the mapping to drop the unregistered runtime")
+    kept = rt_a.mapping()
+    assert kept is not None, "the revoked runtime's mapping was deleted with its registration"
+    assert kept["metadata"]["annotations"][REVOKED] == "leaked credentials"
+
+    rt_a.patch_kyma({"spec": {"modules": [{"name": "application-connector"}]}})
+    # A broker started now sees the module on from its first answer (revocation is judged
+    # before the module, so the first broker's 403 could not tell).
+    broker = brokers(BROKER_MODULE_DISABLED_POLICY="unregister", BROKER_RATE_LIMIT_BURST="100")
+    refused = broker.request_token(rt_a.runtime_id, rt_a.token())
+    assert (refused.status_code, problem_type(refused)) == (403, "runtime-revoked")
+    assert attempts(sim, "registerRuntime") == 1
+    assert attempts(sim, "unregisterRuntime") == 1
+
+    # Lifted, the runtime is registered again on its next request.
+    annotate(rt_a, None)
+    wait_for(
+        lambda: broker.request_token(rt_a.runtime_id, rt_a.token()).status_code == 201,
+        what="tokens again after lifting the revocation",
+    )
+    assert len(list(sim.runtimes(rt_a.tenant))) == 1
+    assert attempts(sim, "registerRuntime") == 2

@@ -66,6 +66,21 @@ _AC = frozenset({"application-connector"})
             SyncLabels({"k": "v"}, {"k": "v"}),
         ),
         (_mapping(), KymaView("rt-1", "n", "u", "1", GA, spec_modules=_AC), "keep", Nothing()),
+        # A revoked runtime unregistered while its Kyma lives is held by its mapping: with no
+        # runtime recorded there is nothing to unregister again, until the Kyma goes.
+        (
+            dataclasses.replace(_mapping(), revoked="leaked credentials"),
+            KymaView("rt-1", "n", "u", "1", GA),
+            "unregister",
+            Nothing(),
+        ),
+        (
+            dataclasses.replace(_mapping(compass_id="c"), revoked="leaked credentials"),
+            KymaView("rt-1", "n", "u", "1", GA),
+            "unregister",
+            Unregister("module-disabled"),
+        ),
+        (dataclasses.replace(_mapping(), revoked=""), None, "keep", Unregister("kyma-deleted")),
     ],
 )
 def test_reconcile_plan(

@@ -126,6 +126,26 @@ def test_a_forgotten_mapping_keeps_everything_but_the_lost_runtime() -> None:
     assert state.decide(state.Mapping.from_object(obj), me="b", now=NOW) == state.TakeClaim("7")
 
 
+def test_a_revoked_mapping_kept_after_unregistering_holds_only_the_revocation() -> None:
+    held = mapping()
+    raw = held.raw
+    raw["metadata"]["annotations"].update(
+        {
+            state.ANNOTATION_REVOKED: "leaked credentials",
+            state.ANNOTATION_UNREGISTER: "please",
+            state.ANNOTATION_HOLDER: "broker-a",
+            state.ANNOTATION_EXPIRES: "2023-11-14T22:13:20Z",
+        }
+    )
+    kept = state.Mapping.from_object(state.unregistered_but_revoked(state.Mapping.from_object(raw)))
+    assert kept.revoked == "leaked credentials"
+    assert kept.compass_id is None
+    assert kept.unregister is None  # carried out: asking again would unregister nothing
+    assert kept.claim_holder is None
+    assert kept.finalizers == (state.FINALIZER,)  # the Kyma's deletion still cleans up
+    assert kept.resource_version == "7"
+
+
 def test_labels_held_by_a_runtime_found_are_recorded_as_synced() -> None:
     found = DirectorRuntime(
         id="c-1",
