@@ -113,6 +113,9 @@ def test_director_down_while_kyma_deleted_keeps_mapping_until_unregistered(
 ) -> None:
     broker = brokers(BROKER_BREAKER_OPEN_SECONDS="1", BROKER_BREAKER_FAILURE_THRESHOLD="2")
     assert broker.request_token(rt_a.runtime_id, rt_a.token()).status_code == 201
+    # The token's status is written after the answer; once Director fails it could wait up to
+    # the deferral's limit and land between the reads below, which must see retries alone.
+    broker.writes_settled()
     [runtime] = sim.runtimes(rt_a.tenant)
     sim.set_faults(Faults(down=DownMode.UNAVAILABLE))
     rt_a.delete_kyma()
@@ -131,7 +134,8 @@ def test_director_down_while_kyma_deleted_keeps_mapping_until_unregistered(
     wait_for(lambda: warnings(rt_a, "UnregisterFailed"), timeout=20, what="a Warning Event")
 
     # Retries go on (sweeps every 2 s, backoff) without rewriting the mapping or more Events.
-    version = mapping["metadata"]["resourceVersion"]
+    broker.writes_settled()
+    version = rt_a.mapping()["metadata"]["resourceVersion"]  # type: ignore[index]
     time.sleep(5)
     assert rt_a.mapping()["metadata"]["resourceVersion"] == version  # type: ignore[index]
     assert len(warnings(rt_a, "UnregisterFailed")) == 1
