@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import resource
-import shlex
 import shutil
 import subprocess
 import sys
@@ -492,7 +491,7 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Ben
     runs = fleet_runs(plan, args.scenarios, profile=args.profile)
     commit, uncommitted = revision()
     report = BenchReport(
-        command=" ".join(["python -m bench", *map(shlex.quote, sys.argv[1:])]),
+        command=report_mod.recorded_command("python -m bench", sys.argv[1:]),
         machine=machine(load_before),
         plan=plan,
         started=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -42,7 +42,6 @@ import csv
 import json
 import math
 import os
-import shlex
 import shutil
 import signal
 import sys
@@ -63,7 +62,7 @@ from bench.keys import new_runtime_keys
 from bench.plan import RunSpec
 from bench.procs import CLOCK_TICKS, Child, CpuSnapshot, cpu_by_role
 from bench.progress import Progress
-from bench.report import merge_marked_section
+from bench.report import merge_marked_section, recorded_command
 from bench.results import Plan
 from bench.scenarios import ADMISSION_GAUGES, RUNTIME_ID_LABEL, Bench, BenchConfig, label_value
 from bench.stack import ApiServer, Simulator, global_account
@@ -1281,7 +1280,7 @@ async def run_all(args: argparse.Namespace, out_dir: Path, workdir: Path) -> Rea
     chosen = {s.strip() for s in args.scenarios.split(",") if s.strip()}
     commit, uncommitted = revision()
     report = RealReport(
-        command=" ".join(["python -m bench.real", *map(shlex.quote, sys.argv[1:])]),
+        command=recorded_command("python -m bench.real", sys.argv[1:]),
         commit=commit + (f" (uncommitted: {', '.join(uncommitted)})" if uncommitted else ""),
         started=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         load_before=os.getloadavg(),

@@ -8,8 +8,10 @@ when the figures show them.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from bench.plan import RunSpec
 from bench.results import MB, BenchReport, FleetRunResult, Plan
@@ -937,6 +939,20 @@ def findings(report: BenchReport) -> list[str]:
                 f"caller, {loaded:.1f} ms with {steady.callers}."
             )
     return out
+
+
+def recorded_command(program: str, args: Sequence[str]) -> str:
+    """The command as a report shows it. A folder of this machine (an absolute path, alone or as
+    the value of `NAME=path`) becomes `runs/<its last part>`: the committed report names no
+    machine path, and the runs a comparison reads stay told apart."""
+
+    def portable(arg: str) -> str:
+        name, eq, value = arg.rpartition("=") if "=" in arg else ("", "", arg)
+        if value.startswith("/"):
+            value = f"runs/{PurePosixPath(value).name}"
+        return shlex.quote(f"{name}{eq}{value}")
+
+    return " ".join([program, *map(portable, args)])
 
 
 def merge_marked_section(text: str, section: str, *, begin: str, end: str) -> str:

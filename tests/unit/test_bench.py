@@ -538,3 +538,14 @@ def test_a_run_whose_201s_are_not_its_connected_runtimes_is_named() -> None:
     cold = r.runs[0]
     r.runs[0] = replace(cold, attempts={**cold.attempts, "201": cold.connected + 3})
     assert any(f"{cold.connected + 3:,} answers 201 for" in n for n in report.findings(r))
+
+
+def test_the_recorded_command_names_no_folder_of_this_machine() -> None:
+    command = report.recorded_command(
+        "python -m bench.real",
+        ["--docs", "--out-dir", "/tmp/s46/docsrun", "--ab", "64=/tmp/s45/d1", "--n", "1000"],
+    )
+    assert command == (
+        "python -m bench.real --docs --out-dir runs/docsrun --ab 64=runs/d1 --n 1000"
+    )
+    assert "'a b'" in report.recorded_command("p", ["a b"])  # still a command a shell can run
