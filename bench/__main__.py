@@ -33,7 +33,7 @@ from bench import slow
 from bench.jsonout import to_json
 from bench.keys import RuntimeKey, new_runtime_keys
 from bench.plan import ALL_SCENARIOS, OTHER_SCENARIOS, describe, fleet_runs
-from bench.procs import Child, python_child
+from bench.procs import Child, python_child, run_until_stopped
 from bench.profiling import profiled_run
 from bench.progress import Progress
 from bench.results import BenchReport, Machine, Plan
@@ -633,10 +633,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out_dir = REPO_ROOT / "docs"
     workdir = Path(tempfile.mkdtemp(prefix="bench-run-"))
     try:
-        asyncio.run(run_all(args, out_dir, workdir))
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        if not run_until_stopped(run_all(args, out_dir, workdir)):
+            return 130
     finally:
         if args.keep_workdir:
             print(f"work folder kept: {workdir}", file=sys.stderr)

@@ -313,10 +313,10 @@ class FleetProcesses:
             went.set()
         result.processes = len(self._procs)
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*(self._collect(i, result) for i in range(len(self._procs)))),
-                timeout=self._deadline + 120,
-            )
+            # Awaited here, not through wait_for: a run cancelled by SIGTERM or Ctrl-C then
+            # leaves no gathering future whose cancellation nobody reads.
+            async with asyncio.timeout(self._deadline + 120):
+                await asyncio.gather(*(self._collect(i, result) for i in range(len(self._procs))))
         finally:
             await self.stop()
         if not result.finished_at:

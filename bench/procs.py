@@ -8,13 +8,14 @@ file in the run's work folder (never to our terminal), and `stop()` ends it by i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,26 @@ from typing import Any
 import httpx
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def run_until_stopped(run: Coroutine[Any, Any, object]) -> bool:
+    """Runs a benchmark to its end (True), or until Ctrl-C or SIGTERM (False). Both cancel it the
+    same way (asyncio.run's own handling of SIGINT, and a handler for SIGTERM), so every stack
+    it started is stopped on the way out; a plain SIGTERM would leave the children, each in a
+    session of its own, running."""
+
+    async def until_stopped() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        await run
+
+    try:
+        asyncio.run(until_stopped())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("stopped: everything the run started is stopped", file=sys.stderr)
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -60,7 +59,7 @@ from bench import plan as planning
 from bench import sessions_cut, slow, stats
 from bench.keys import new_runtime_keys
 from bench.plan import RunSpec
-from bench.procs import CLOCK_TICKS, Child, CpuSnapshot, cpu_by_role
+from bench.procs import CLOCK_TICKS, Child, CpuSnapshot, cpu_by_role, run_until_stopped
 from bench.progress import Progress
 from bench.report import merge_marked_section, recorded_command
 from bench.results import Plan
@@ -1448,14 +1447,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="bench-real-out-"))
     workdir = Path(tempfile.mkdtemp(prefix="bench-real-"))
 
-    def interrupted(_signo: int, _frame: object) -> None:
-        raise KeyboardInterrupt  # the same tidy stop as Ctrl-C: everything started is stopped
-
-    signal.signal(signal.SIGTERM, interrupted)
     try:
-        asyncio.run(run_all(args, out_dir, workdir))
-    except KeyboardInterrupt:
-        return 130
+        if not run_until_stopped(run_all(args, out_dir, workdir)):
+            return 130
     finally:
         if args.keep_workdir:
             print(f"work folder kept: {workdir}", file=sys.stderr)

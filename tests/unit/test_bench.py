@@ -3,9 +3,12 @@ the plan of runs, profiles, tokens, the report and the JSON. No processes, no ne
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import os
 import re
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from bench.procs import (
     parse_stat_cpu,
     parse_status_kib,
     process_role,
+    run_until_stopped,
 )
 from bench.profiling import ProfileSummary, frame_name, profiled_run, summarise_collapsed
 from bench.prometheus import (
@@ -549,3 +553,23 @@ def test_the_recorded_command_names_no_folder_of_this_machine() -> None:
         "python -m bench.real --docs --out-dir runs/docsrun --ab 64=runs/d1 --n 1000"
     )
     assert "'a b'" in report.recorded_command("p", ["a b"])  # still a command a shell can run
+
+
+def test_sigterm_stops_a_run_through_its_teardown() -> None:
+    """A stopped run unwinds like Ctrl-C: what it started is stopped on the way out."""
+    torn_down: list[str] = []
+
+    async def run() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(30)
+        finally:
+            torn_down.append("stacks stopped")
+
+    assert run_until_stopped(run()) is False
+    assert torn_down == ["stacks stopped"]
+
+    async def finishes() -> None:
+        await asyncio.sleep(0)
+
+    assert run_until_stopped(finishes()) is True
