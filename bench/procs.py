@@ -37,11 +37,14 @@ def run_until_stopped(run: Coroutine[Any, Any, object]) -> bool:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         await run
 
+    previous = signal.getsignal(signal.SIGTERM)
     try:
         asyncio.run(until_stopped())
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("stopped: everything the run started is stopped", file=sys.stderr)
         return False
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # closing the loop left the default there
     return True
 
 

@@ -558,6 +558,7 @@ def test_the_recorded_command_names_no_folder_of_this_machine() -> None:
 def test_sigterm_stops_a_run_through_its_teardown() -> None:
     """A stopped run unwinds like Ctrl-C: what it started is stopped on the way out."""
     torn_down: list[str] = []
+    before = signal.getsignal(signal.SIGTERM)
 
     async def run() -> None:
         try:
@@ -573,3 +574,4 @@ def test_sigterm_stops_a_run_through_its_teardown() -> None:
         await asyncio.sleep(0)
 
     assert run_until_stopped(finishes()) is True
+    assert signal.getsignal(signal.SIGTERM) is before  # the test run's own handler is back
