@@ -947,7 +947,7 @@ def recorded_command(program: str, args: Sequence[str]) -> str:
     machine path, and the runs a comparison reads stay told apart."""
 
     def portable(arg: str) -> str:
-        name, eq, value = arg.rpartition("=") if "=" in arg else ("", "", arg)
+        name, eq, value = arg.rpartition("=")  # ("", "", arg) without one
         if value.startswith("/"):
             value = f"runs/{PurePosixPath(value).name}"
         return shlex.quote(f"{name}{eq}{value}")
